@@ -1,0 +1,233 @@
+"""The TrainingRun API, defined once.
+
+These pydantic models are the single source of the CRD: ``trainingrun.crd`` turns them into the
+structural OpenAPI schema in ``crds/trainingrun.yaml`` (with the CEL rules and printer columns),
+and the operator parses every object it reads through them. Field descriptions here become
+``kubectl explain`` text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic.alias_generators import to_camel
+
+GROUP = "trainingrun.dev"
+VERSION = "v1alpha1"
+KIND = "TrainingRun"
+PLURAL = "trainingruns"
+SINGULAR = "trainingrun"
+SHORT_NAMES = ["trun", "truns"]
+TRAINER_CONTAINER = "trainer"
+
+# Spot notice taints of the common node termination handlers and cloud providers.
+DEFAULT_NOTICE_TAINTS = [
+    "aws-node-termination-handler/spot-itn",
+    "aws-node-termination-handler/rebalance-recommendation",
+    "karpenter.sh/disrupted",
+    "cloud.google.com/impending-node-termination",
+]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(
+        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
+    )
+
+
+class StorageSpec(_Model):
+    """Where checkpoints are kept."""
+
+    uri: str = Field(
+        description=(
+            "Bucket and prefix, as s3://bucket/prefix. Checkpoints of a run live under "
+            "<uri>/<namespace>/<run>/."
+        ),
+        pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$",
+        max_length=1024,
+    )
+    endpoint: str | None = Field(
+        default=None,
+        description=(
+            "S3 endpoint URL for S3-compatible stores (MinIO, Ceph, SeaweedFS, GCS "
+            "interoperability). Empty means AWS S3."
+        ),
+        pattern=r"^https?://[^\s]+$",
+        max_length=1024,
+    )
+    region: str | None = Field(default=None, description="Bucket region.", max_length=64)
+    credentials_secret: str | None = Field(
+        default=None,
+        description=(
+            "Name of a Secret in the run's namespace with keys AWS_ACCESS_KEY_ID and "
+            "AWS_SECRET_ACCESS_KEY. Empty means the pod's own identity (IRSA, Workload Identity)."
+        ),
+        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
+        max_length=253,
+    )
+
+
+class CheckpointSpec(_Model):
+    """How checkpoints are written locally and kept in storage."""
+
+    local_path: str = Field(
+        default="/checkpoints",
+        description=(
+            "Folder inside the trainer container where it writes checkpoint-N/ folders; "
+            "mounted from a shared volume."
+        ),
+        pattern=r"^/.*",
+        max_length=1024,
+    )
+    storage: StorageSpec = Field(description="Object storage for checkpoints.")
+    keep: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description="Committed checkpoints to keep in storage; older ones are deleted.",
+    )
+
+
+class BackoffSpec(_Model):
+    """Exponential backoff between failed attempts."""
+
+    initial_seconds: int = Field(
+        default=10, ge=0, le=3600, description="Wait after the first failure."
+    )
+    max_seconds: int = Field(
+        default=300, ge=0, le=86400, description="Longest wait between attempts."
+    )
+    factor: int = Field(default=2, ge=1, le=10, description="Growth factor per failure.")
+
+
+class RestartPolicySpec(_Model):
+    """Budgets for resubmitting the run."""
+
+    max_restarts: int = Field(
+        default=3,
+        ge=0,
+        le=10000,
+        description="Failed attempts (crash, non-zero exit, OOM) tolerated before the run fails.",
+    )
+    max_preemptions: int | None = Field(
+        default=None,
+        ge=0,
+        le=100000,
+        description=(
+            "Preemptions (spot reclaim, eviction, node loss) tolerated; empty means unlimited. "
+            "Preemptions never spend maxRestarts."
+        ),
+    )
+    crash_loop_limit: int = Field(
+        default=3,
+        ge=1,
+        le=1000,
+        description=(
+            "Failures in a row with no new committed checkpoint that end the run as a crash loop."
+        ),
+    )
+    backoff: BackoffSpec = Field(
+        default_factory=BackoffSpec,
+        json_schema_extra={"default": BackoffSpec().model_dump(by_alias=True)},
+        description="Backoff between failed attempts.",
+    )
+
+
+class PreemptionSpec(_Model):
+    """How preemption notice is recognised and honoured."""
+
+    notice_taints: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_NOTICE_TAINTS),
+        json_schema_extra={"default": list[JsonValue](DEFAULT_NOTICE_TAINTS)},
+        description="Node taint keys that announce the node is about to go away.",
+        max_length=64,
+    )
+    termination_grace_period_seconds: int = Field(
+        default=120,
+        ge=1,
+        le=3600,
+        description="Grace period of each attempt's pod: time to save and upload on notice.",
+    )
+
+
+class TrainingRunSpec(_Model):
+    """Desired state of a TrainingRun."""
+
+    template: dict[str, Any] = Field(
+        description=(
+            "Pod template of one attempt. It must have a container named 'trainer'; the operator "
+            "adds the restore init container, the sync sidecar, the checkpoint volume and the "
+            "TRAININGRUN_* environment."
+        ),
+    )
+    checkpoint: CheckpointSpec = Field(description="Checkpoint location and retention.")
+    restart_policy: RestartPolicySpec = Field(
+        default_factory=RestartPolicySpec,
+        json_schema_extra={
+            "default": RestartPolicySpec().model_dump(by_alias=True, exclude_none=True)
+        },
+        description="Restart and preemption budgets.",
+    )
+    preemption: PreemptionSpec = Field(
+        default_factory=PreemptionSpec,
+        json_schema_extra={"default": PreemptionSpec().model_dump(by_alias=True)},
+        description="Preemption notice handling.",
+    )
+
+
+class CheckpointRef(_Model):
+    """A committed checkpoint."""
+
+    step: int = Field(ge=0, description="Training step of the checkpoint.")
+    uri: str = Field(description="Object storage prefix of the checkpoint.")
+    time: str | None = Field(default=None, description="When it was committed (RFC 3339).")
+
+
+class Condition(_Model):
+    """A metav1.Condition."""
+
+    type: str
+    status: str
+    reason: str
+    message: str = ""
+    observed_generation: int | None = None
+    last_transition_time: str
+
+
+class Progress(_Model):
+    """Training progress reported by the trainer integration."""
+
+    step: int = Field(ge=0)
+    max_steps: int | None = Field(default=None, ge=0)
+
+
+class TrainingRunStatus(_Model):
+    """Observed state of a TrainingRun, written by the operator."""
+
+    observed_generation: int | None = None
+    phase: str | None = Field(
+        default=None,
+        description="Display summary: Pending, Running, Backoff, Succeeded or Failed.",
+    )
+    attempt: int = Field(default=0, description="Number of the current or last attempt.")
+    restarts: int = Field(default=0, description="Failed attempts so far.")
+    preemptions: int = Field(default=0, description="Preempted attempts so far.")
+    consecutive_failures: int = Field(
+        default=0, description="Failures in a row without a new committed checkpoint."
+    )
+    latest_checkpoint: CheckpointRef | None = None
+    bad_checkpoints: list[int] = Field(
+        default_factory=list, description="Steps whose checkpoint failed verification."
+    )
+    active_pod: str | None = None
+    resume_step: int | None = Field(
+        default=None, description="Step the current attempt resumed from."
+    )
+    next_attempt_time: str | None = Field(
+        default=None, description="When the next attempt starts after a backoff."
+    )
+    reason: str | None = None
+    message: str | None = None
+    progress: Progress | None = None
+    conditions: list[Condition] = Field(default_factory=list)

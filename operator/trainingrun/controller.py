@@ -1,0 +1,404 @@
+"""The operator: thin kopf handlers around ``trainingrun.decide``.
+
+Every trigger (a TrainingRun event, an event of one of its pods, a node going NotReady, gone or
+tainted with a notice, a periodic tick) leads to one ``Reconciler.reconcile(namespace, name)``:
+gather the run, its current pod, that pod's node and the newest committed checkpoint; call the
+pure ``plan()``; write the status once; then delete or create pods; then post Events.
+Passes for one run are serialised by a lock; passes for different runs run in parallel.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+from pydantic import ValidationError
+
+from trainingrun import api
+from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
+from trainingrun.decide.classify import NOTICE_ANNOTATION, classify, node_not_ready, node_notice
+from trainingrun.decide.pod import (
+    LABEL_RUN,
+    AgentSettings,
+    RunRef,
+    build_pod,
+    pod_name,
+    resume_of,
+    run_prefix,
+)
+from trainingrun.decide.reconcile import Observed, invalid_spec, is_finished, plan, started
+from trainingrun.kube import Forbidden, Invalid, Kube, load_config
+from trainingrun.manifest import ManifestError
+from trainingrun.storage import (
+    Credentials,
+    Location,
+    StorageError,
+    Store,
+    choose_checkpoint,
+    make_client,
+    parse_uri,
+    read_run_manifest,
+)
+
+log = logging.getLogger("trainingrun.operator")
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    agent: AgentSettings
+    # How often every run is looked at even without events: backoff expiry, checkpoint refresh.
+    resync_seconds: float = 10.0
+    # How often a running attempt's latest checkpoint is re-read from the bucket manifest.
+    checkpoint_refresh_seconds: float = 15.0
+
+    @classmethod
+    def from_env(cls) -> OperatorSettings:
+        env = os.environ
+        agent = AgentSettings(
+            image=env.get("TRAININGRUN_AGENT_IMAGE", AgentSettings.image),
+            image_pull_policy=env.get("TRAININGRUN_AGENT_PULL_POLICY", "IfNotPresent"),
+        )
+        return cls(
+            agent=agent,
+            resync_seconds=float(env.get("TRAININGRUN_RESYNC_SECONDS", "10")),
+            checkpoint_refresh_seconds=float(
+                env.get("TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", "15")
+            ),
+        )
+
+
+@dataclass
+class _RunMemory:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Last state seen of the run's newest pod event: a pod evicted and deleted at once is gone
+    # from the API before a pass reads it, and its last state still says why it ended.
+    last_pod: dict[str, Any] | None = None
+    checkpoint_read_at: float = 0.0
+
+
+class Reconciler:
+    def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
+        self.kube = kube
+        self.settings = settings
+        self._memory: dict[tuple[str, str], _RunMemory] = {}
+        self._memory_lock = threading.Lock()
+        self._stores: dict[tuple[str | None, str | None, str, str], Store] = {}
+
+    def memory(self, namespace: str, name: str) -> _RunMemory:
+        with self._memory_lock:
+            return self._memory.setdefault((namespace, name), _RunMemory())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._memory_lock:
+            self._memory.pop((namespace, name), None)
+
+    # -- storage ---------------------------------------------------------------------------
+
+    def store_for(self, namespace: str, spec: TrainingRunSpec) -> tuple[Store, Location]:
+        storage = spec.checkpoint.storage
+        creds = None
+        if storage.credentials_secret:
+            data = self.kube.get_secret_data(namespace, storage.credentials_secret)
+            if data is None:
+                raise MissingSecret(
+                    f"Secret {namespace}/{storage.credentials_secret} named by "
+                    "spec.checkpoint.storage.credentialsSecret does not exist: create it with keys "
+                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
+                )
+            try:
+                creds = Credentials(data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
+            except KeyError as e:
+                raise MissingSecret(
+                    f"Secret {namespace}/{storage.credentials_secret} has no key {e.args[0]}"
+                ) from e
+        loc = parse_uri(storage.uri)
+        key = (storage.endpoint, storage.region, creds.access_key if creds else "", loc.bucket)
+        store = self._stores.get(key)
+        if store is None:
+            store = Store(make_client(storage.endpoint, storage.region, creds), loc.bucket)
+            self._stores[key] = store
+        return store, loc
+
+    def _latest(self, ref: RunRef) -> CheckpointRef | None:
+        store, _ = self.store_for(ref.namespace, ref.spec)
+        manifest = read_run_manifest(store, parse_uri(run_prefix(ref)))
+        entry = manifest.latest if manifest else None
+        if entry is None:
+            return None
+        return CheckpointRef(
+            step=entry.step, uri=f"{run_prefix(ref)}/{entry.prefix}", time=entry.committed
+        )
+
+    # -- one pass ----------------------------------------------------------------------------
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """One pass for one run; returns seconds until it wants another, if any."""
+        mem = self.memory(namespace, name)
+        with mem.lock:
+            return self._reconcile(namespace, name, mem)
+
+    def _reconcile(self, namespace: str, name: str, mem: _RunMemory) -> float | None:
+        run = self.kube.get_run(namespace, name)
+        if run is None:
+            self.forget(namespace, name)
+            return None
+        meta = run["metadata"]
+        if meta.get("deletionTimestamp"):
+            return None  # being deleted: its pods go with it (owner references)
+        generation = int(meta.get("generation") or 0)
+        raw_status = run.get("status") or {}
+        status = TrainingRunStatus.model_validate(raw_status)
+        if is_finished(status):
+            return None
+        now = datetime.now(UTC)
+        try:
+            spec = TrainingRunSpec.model_validate(run.get("spec") or {})
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = "spec." + ".".join(str(p) for p in err["loc"])
+            return self._fail_invalid(run, status, generation, f"{where}: {err['msg']}", now)
+        ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
+
+        pod = None
+        if status.attempt:
+            pod = self.kube.get_pod(namespace, pod_name(name, status.attempt))
+            if pod is None and mem.last_pod is not None:
+                last = mem.last_pod
+                if last["metadata"]["name"] == pod_name(name, status.attempt):
+                    pod = last if self._ended(last, spec) else None
+        node, node_deleted = None, False
+        node_name = ((pod or {}).get("spec") or {}).get("nodeName")
+        if node_name:
+            node = self.kube.get_node(node_name)
+            node_deleted = node is None
+
+        latest = None
+        ended = (pod is None and status.active_pod) or (
+            pod is not None and self._ended(pod, spec, node, node_deleted)
+        )
+        refresh_due = (
+            time.monotonic() - mem.checkpoint_read_at >= self.settings.checkpoint_refresh_seconds
+        )
+        if ended or refresh_due or status.attempt == 0:
+            try:
+                latest = self._latest(ref)
+                mem.checkpoint_read_at = time.monotonic()
+            except MissingSecret as e:
+                return self._fail_invalid(
+                    run, status, generation, str(e), now, reason="MissingSecret"
+                )
+            except (StorageError, ManifestError) as e:
+                log.warning("%s/%s: cannot read the bucket manifest: %s", namespace, name, e)
+
+        obs = Observed(
+            name=name,
+            generation=generation,
+            spec=spec,
+            status=status,
+            pod=pod,
+            node=node,
+            node_deleted=node_deleted,
+            latest=latest,
+            now=now,
+        )
+        p = plan(obs)
+        self._write_status(namespace, name, raw_status, p.status)
+        for ev in p.events:
+            self.kube.event(run, ev.type, ev.reason, ev.message)
+        if p.delete_pod:
+            self.kube.delete_pod(
+                namespace,
+                p.delete_pod,
+                grace_seconds=0 if node_deleted or (node and node_not_ready(node)) else None,
+            )
+        if p.create_attempt is None:
+            return p.requeue_after
+        if p.create_attempt != p.status.attempt:
+            raise AssertionError("plan asked for a pod of another attempt than the status records")
+        # The status write above landed: only now may the pod of the new attempt exist.
+        return self._start_attempt(run, ref, obs, p.status)
+
+    def _ended(
+        self,
+        pod: Mapping[str, Any],
+        spec: TrainingRunSpec,
+        node: Mapping[str, Any] | None = None,
+        node_deleted: bool = False,
+    ) -> bool:
+        outcome = classify(
+            pod, node=node, node_deleted=node_deleted, notice_taints=spec.preemption.notice_taints
+        )
+        return outcome.ended
+
+    def _start_attempt(
+        self, run: dict[str, Any], ref: RunRef, obs: Observed, status: TrainingRunStatus
+    ) -> float | None:
+        namespace, name = ref.namespace, ref.name
+        try:
+            store, _ = self.store_for(namespace, ref.spec)
+            choice = choose_checkpoint(
+                store, parse_uri(run_prefix(ref)), set(status.bad_checkpoints)
+            )
+        except MissingSecret as e:
+            return self._fail_invalid(
+                run, status, obs.generation, str(e), obs.now, reason="MissingSecret"
+            )
+        except (StorageError, ManifestError) as e:
+            # Without the manifest the newest checkpoint is unknown; starting fresh would lose
+            # work, so wait for the bucket instead.
+            log.warning("%s/%s: cannot choose a checkpoint, retrying: %s", namespace, name, e)
+            self.kube.event(run, "Warning", "StorageUnavailable", f"cannot read checkpoints: {e}")
+            return self.settings.resync_seconds
+        for step, why in choice.rejected:
+            self.kube.event(
+                run, "Warning", "CheckpointSkipped", f"checkpoint {step} not used: {why}"
+            )
+        resume = resume_of(ref, choice.entry.step) if choice.entry else None
+        pod = build_pod(ref, status.attempt, resume, self.settings.agent)
+        try:
+            created, _ = self.kube.create_pod(pod)
+        except Forbidden as e:
+            # Quota, a terminating namespace, an admission webhook: not the spec's fault.
+            log.warning(
+                "%s/%s: pod %s not created: %s", namespace, name, pod_name(name, status.attempt), e
+            )
+            self.kube.event(run, "Warning", "PodForbidden", str(e))
+            return self.settings.resync_seconds
+        except Invalid as e:
+            return self._fail_invalid(run, status, obs.generation, f"pod rejected: {e}", obs.now)
+        new, ev = started(status, obs, created)
+        self._write_status(namespace, name, status.model_dump(by_alias=True), new)
+        self.kube.event(run, ev.type, ev.reason, ev.message)
+        return None
+
+    def _fail_invalid(
+        self,
+        run: dict[str, Any],
+        status: TrainingRunStatus,
+        generation: int,
+        message: str,
+        now: datetime,
+        reason: str = "InvalidSpec",
+    ) -> float | None:
+        """Ends the run as Failed with a reason that names the problem; never retried."""
+        new = invalid_spec(status, generation, message, now)
+        if reason != "InvalidSpec":
+            new = new.model_copy(update={"reason": reason})
+        meta = run["metadata"]
+        self._write_status(meta["namespace"], meta["name"], run.get("status") or {}, new)
+        self.kube.event(run, "Warning", reason, message)
+        return None
+
+    def _write_status(
+        self, namespace: str, name: str, before: Mapping[str, Any], after: TrainingRunStatus
+    ) -> None:
+        new = after.model_dump(by_alias=True, mode="json")
+        old = TrainingRunStatus.model_validate(dict(before)).model_dump(by_alias=True, mode="json")
+        if new == old:
+            return
+        # Merge patch: keys that became None are removed.
+        self.kube.patch_run_status(namespace, name, new)
+
+    # -- nodes --------------------------------------------------------------------------------
+
+    def node_changed(self, node: Mapping[str, Any] | None, name: str) -> list[tuple[str, str]]:
+        """Runs with a pod on this node that need a pass: the node is gone, NotReady or noticed.
+        Pods on a node with a notice taint get the notice annotation (the sidecar's cue)."""
+        gone = node is None
+        notice = node_notice(node, api.DEFAULT_NOTICE_TAINTS + _extra_notice_taints())
+        if not (gone or node_not_ready(node) or notice):
+            return []
+        runs = []
+        for pod in self.kube.run_pods_on_node(name, LABEL_RUN):
+            meta = pod["metadata"]
+            if notice and NOTICE_ANNOTATION not in (meta.get("annotations") or {}):
+                self.kube.annotate_pod(meta["namespace"], meta["name"], {NOTICE_ANNOTATION: notice})
+            runs.append((meta["namespace"], meta["labels"][LABEL_RUN]))
+        return runs
+
+
+class MissingSecret(Exception):
+    """The credentials Secret a run names does not exist or lacks a key."""
+
+
+def _extra_notice_taints() -> list[str]:
+    return [t for t in os.environ.get("TRAININGRUN_NOTICE_TAINTS", "").split(",") if t]
+
+
+# ---------------------------------------------------------------------------------------------
+# kopf wiring
+
+_reconciler: Reconciler | None = None
+
+
+def reconciler() -> Reconciler:
+    if _reconciler is None:
+        raise RuntimeError("operator not started")
+    return _reconciler
+
+
+def _pass(namespace: str, name: str) -> None:
+    try:
+        again = reconciler().reconcile(namespace, name)
+    except Exception:
+        log.exception("%s/%s: reconcile failed; the next event or tick retries", namespace, name)
+        again = reconciler().settings.resync_seconds
+    if again:
+        timer = threading.Timer(max(again, 0.05), _pass, args=(namespace, name))
+        timer.daemon = True
+        timer.start()
+
+
+@kopf.on.startup()
+def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
+    global _reconciler  # noqa: PLW0603 - one reconciler per operator process
+    settings.posting.enabled = False  # Events are posted by Kube.event, after the status write
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.execution.max_workers = int(os.environ.get("TRAININGRUN_WORKERS", "16"))
+    settings.persistence.finalizer = f"{api.GROUP}/finalizer"
+    _reconciler = Reconciler(Kube(load_config()), OperatorSettings.from_env())
+
+
+@kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
+def _on_run(type: str, namespace: str | None, name: str, **_: Any) -> None:
+    if not namespace:
+        return
+    if type == "DELETED":
+        reconciler().forget(namespace, name)
+        return
+    _pass(namespace, name)
+
+
+@kopf.on.event("", "v1", "pods", labels={LABEL_RUN: kopf.PRESENT})
+def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+    run = body["metadata"]["labels"][LABEL_RUN]
+    if not namespace:
+        return
+    reconciler().memory(namespace, run).last_pod = dict(body)
+    _pass(namespace, run)
+
+
+@kopf.on.event("", "v1", "nodes")
+def _on_node(type: str, body: kopf.Body, name: str, **_: Any) -> None:
+    node = None if type == "DELETED" else body
+    for namespace, run in reconciler().node_changed(node, name):
+        _pass(namespace, run)
+
+
+@kopf.timer(
+    api.GROUP,
+    api.VERSION,
+    api.PLURAL,
+    interval=float(os.environ.get("TRAININGRUN_RESYNC_SECONDS", "10")),
+)
+def _tick(namespace: str | None, name: str, **_: Any) -> None:
+    if namespace:
+        _pass(namespace, name)

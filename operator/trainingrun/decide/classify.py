@@ -1,0 +1,169 @@
+"""How an attempt ended, from the pod and its node as plain dicts (API JSON, camelCase).
+
+| seen                                                         | class         |
+| ------------------------------------------------------------ | ------------- |
+| trainer exited 0                                             | Succeeded     |
+| DisruptionTarget, node gone or NotReady, reason Shutdown/... | Preempted     |
+| notice taint on the node or notice annotation, then an end   | Preempted     |
+| non-zero exit, OOMKilled                                     | Failed        |
+| restore exited with the checkpoint-bad code                  | CheckpointBad |
+| image cannot be pulled, missing Secret/ConfigMap             | Permanent     |
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any
+
+from trainingrun.api import TRAINER_CONTAINER
+
+RESTORE_CONTAINER = "trainingrun-restore"
+SYNC_CONTAINER = "trainingrun-sync"
+# The restore exits with this code when the chosen checkpoint fails verification.
+RESTORE_EXIT_CHECKPOINT_BAD = 3
+NOTICE_ANNOTATION = "trainingrun.dev/preemption-notice"
+
+PREEMPTING_POD_REASONS = frozenset({"Shutdown", "Evicted", "NodeLost", "Terminated", "Preempting"})
+PERMANENT_WAITING_REASONS = frozenset(
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+)
+
+
+class End(Enum):
+    NOT_ENDED = "NotEnded"
+    SUCCEEDED = "Succeeded"
+    PREEMPTED = "Preempted"
+    FAILED = "Failed"
+    CHECKPOINT_BAD = "CheckpointBad"
+    PERMANENT = "Permanent"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    end: End
+    reason: str
+    message: str
+
+    @property
+    def ended(self) -> bool:
+        return self.end is not End.NOT_ENDED
+
+
+def _conditions(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
+    return list(((obj or {}).get("status") or {}).get("conditions") or [])
+
+
+def _condition(obj: Mapping[str, Any] | None, ctype: str) -> Mapping[str, Any] | None:
+    return next((c for c in _conditions(obj) if c.get("type") == ctype), None)
+
+
+def _statuses(pod: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
+    return list((pod.get("status") or {}).get(key) or [])
+
+
+def _container_status(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    for key in ("containerStatuses", "initContainerStatuses"):
+        for s in _statuses(pod, key):
+            if s.get("name") == name:
+                return s
+    return None
+
+
+def _terminated(status: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
+    if not status:
+        return None
+    term = (status.get("state") or {}).get("terminated")
+    return term if isinstance(term, Mapping) else None
+
+
+def node_notice(node: Mapping[str, Any] | None, notice_taints: Iterable[str]) -> str | None:
+    """The first notice taint key on the node, if any."""
+    keys = set(notice_taints)
+    for taint in ((node or {}).get("spec") or {}).get("taints") or []:
+        if taint.get("key") in keys:
+            return str(taint["key"])
+    return None
+
+
+def node_not_ready(node: Mapping[str, Any] | None) -> bool:
+    ready = _condition(node, "Ready")
+    return ready is not None and ready.get("status") != "True"
+
+
+def classify(
+    pod: Mapping[str, Any] | None,
+    *,
+    node: Mapping[str, Any] | None,
+    node_deleted: bool,
+    notice_taints: Iterable[str],
+) -> Outcome:
+    """Classifies the attempt whose pod is ``pod`` (None: the pod is gone)."""
+    if pod is None:
+        return Outcome(End.PREEMPTED, "PodDeleted", "the attempt's pod was deleted")
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption and disruption.get("status") == "True":
+        reason = str(disruption.get("reason") or "DisruptionTarget")
+        return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
+
+    restore = _terminated(_container_status(pod, RESTORE_CONTAINER))
+    if restore and restore.get("exitCode") == RESTORE_EXIT_CHECKPOINT_BAD:
+        msg = str(restore.get("message") or "restore found the checkpoint corrupt")
+        return Outcome(End.CHECKPOINT_BAD, "CheckpointBad", msg.strip())
+
+    trainer_status = _container_status(pod, TRAINER_CONTAINER)
+    trainer = _terminated(trainer_status)
+    if trainer and trainer.get("exitCode") == 0 and phase != "Failed":
+        return Outcome(End.SUCCEEDED, "Succeeded", "the trainer exited 0")
+    if phase == "Succeeded":
+        return Outcome(End.SUCCEEDED, "Succeeded", "the pod succeeded")
+
+    for s in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") in PERMANENT_WAITING_REASONS:
+            detail = waiting.get("message") or waiting["reason"]
+            return Outcome(
+                End.PERMANENT, str(waiting["reason"]), f"container {s.get('name')}: {detail}"
+            )
+
+    if node_deleted:
+        return Outcome(End.PREEMPTED, "NodeDeleted", "the pod's node was deleted")
+    if status.get("reason") in PREEMPTING_POD_REASONS:
+        reason = str(status["reason"])
+        return Outcome(End.PREEMPTED, reason, str(status.get("message") or reason))
+    if (pod.get("spec") or {}).get("nodeName") and node_not_ready(node):
+        return Outcome(End.PREEMPTED, "NodeNotReady", "the pod's node is not ready")
+
+    if phase == "Failed" or trainer:
+        notice = ((pod.get("metadata") or {}).get("annotations") or {}).get(NOTICE_ANNOTATION)
+        notice = notice or node_notice(node, notice_taints)
+        if notice:
+            return Outcome(
+                End.PREEMPTED, "PreemptionNotice", f"ended after preemption notice ({notice})"
+            )
+        return _failure(pod, trainer)
+    return Outcome(End.NOT_ENDED, str(phase or "Pending"), "")
+
+
+def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outcome:
+    if trainer:
+        code = trainer.get("exitCode")
+        if trainer.get("reason") == "OOMKilled":
+            return Outcome(End.FAILED, "OOMKilled", f"the trainer ran out of memory (exit {code})")
+        detail = str(trainer.get("message") or "").strip()
+        msg = f"the trainer exited {code}" + (f": {detail}" if detail else "")
+        return Outcome(End.FAILED, "Error", msg)
+    for s in _statuses(pod, "initContainerStatuses"):
+        term = _terminated(s)
+        if term and term.get("exitCode") not in (0, None):
+            return Outcome(
+                End.FAILED,
+                "InitFailed",
+                f"init container {s.get('name')} exited {term.get('exitCode')}",
+            )
+    status = pod.get("status") or {}
+    return Outcome(End.FAILED, "PodFailed", str(status.get("message") or "the pod failed"))

@@ -1,0 +1,298 @@
+"""One reconcile pass of a TrainingRun as a pure function: observed state in, desired status and
+the actions to apply out. The kopf handlers only gather the observation, call these functions
+and apply the plan (status first, then pods, then Events).
+
+The attempt counter moves in two steps so that an operator killed at any point neither makes a
+second pod for one attempt nor skips an attempt number:
+
+1. ``plan()`` sees attempt N's pod ended and writes ``attempt = N+1`` with no active pod (and a
+   ``nextAttemptTime`` after a failure's backoff). Until that write lands, pod N still exists and
+   the next pass decides the same again.
+2. ``plan()`` sees attempt N+1 due and asks for its pod ``<run>-<N+1>``; a second create answers
+   409, which means done. ``started()`` records the pod as active.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
+from trainingrun.decide.classify import Outcome, classify
+from trainingrun.decide.pod import ANNOTATION_RESUME_STEP, pod_name
+from trainingrun.decide.policy import Action, Counters, decide
+
+# Condition types (states) and the phase they imply.
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+
+PHASE_PENDING = "Pending"
+PHASE_RUNNING = "Running"
+PHASE_BACKOFF = "Backoff"
+PHASE_SUCCEEDED = "Succeeded"
+PHASE_FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class Event:
+    type: str  # Normal or Warning
+    reason: str
+    message: str
+
+
+@dataclass(frozen=True)
+class Observed:
+    name: str
+    generation: int
+    spec: TrainingRunSpec
+    status: TrainingRunStatus
+    pod: Mapping[str, Any] | None  # the pod of status.attempt, None when absent
+    node: Mapping[str, Any] | None
+    node_deleted: bool
+    latest: CheckpointRef | None  # newest committed checkpoint in the manifest, when read
+    now: datetime
+
+
+@dataclass(frozen=True)
+class Plan:
+    status: TrainingRunStatus
+    create_attempt: int | None = None
+    delete_pod: str | None = None
+    events: list[Event] = field(default_factory=list)
+    requeue_after: float | None = None
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
+
+
+def set_condition(
+    conditions: list[Condition],
+    ctype: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> list[Condition]:
+    """Sets one condition; ``lastTransitionTime`` changes only when the status flips."""
+    value = "True" if status else "False"
+    old = next((c for c in conditions if c.type == ctype), None)
+    since = old.last_transition_time if old and old.status == value else rfc3339(now)
+    new = Condition(
+        type=ctype,
+        status=value,
+        reason=reason,
+        message=message,
+        observed_generation=generation,
+        last_transition_time=since,
+    )
+    return [*(c for c in conditions if c.type != ctype), new]
+
+
+def _is_true(status: TrainingRunStatus, ctype: str) -> bool:
+    return any(c.type == ctype and c.status == "True" for c in status.conditions)
+
+
+def is_finished(status: TrainingRunStatus) -> bool:
+    return _is_true(status, SUCCEEDED) or _is_true(status, FAILED)
+
+
+def phase_of(status: TrainingRunStatus) -> str:
+    """The display phase, derived from the conditions."""
+    if _is_true(status, FAILED):
+        return PHASE_FAILED
+    if _is_true(status, SUCCEEDED):
+        return PHASE_SUCCEEDED
+    if _is_true(status, RUNNING):
+        return PHASE_RUNNING
+    if status.next_attempt_time:
+        return PHASE_BACKOFF
+    return PHASE_PENDING
+
+
+def _with(status: TrainingRunStatus, obs: Observed, **changes: Any) -> TrainingRunStatus:
+    new = status.model_copy(update={"observed_generation": obs.generation, **changes})
+    return new.model_copy(update={"phase": phase_of(new)})
+
+
+def _conditions_for_end(
+    status: TrainingRunStatus, obs: Observed, running: bool, reason: str, message: str
+) -> list[Condition]:
+    return set_condition(
+        status.conditions, RUNNING, running, reason, message, obs.generation, obs.now
+    )
+
+
+def _newer(latest: CheckpointRef | None, current: CheckpointRef | None) -> CheckpointRef | None:
+    if latest is None:
+        return current
+    if current is None or latest.step >= current.step:
+        return latest
+    return current
+
+
+def plan(obs: Observed) -> Plan:
+    """The pass for ``obs``; see the module docstring for the two-step attempt counter."""
+    status = obs.status
+    if is_finished(status):
+        return Plan(_with(status, obs))
+    latest = _newer(obs.latest, status.latest_checkpoint)
+    status = status.model_copy(update={"latest_checkpoint": latest})
+
+    if status.attempt == 0:
+        return _due(_with(status, obs, attempt=1, next_attempt_time=None), obs)
+
+    current = pod_name(obs.name, status.attempt)
+    if obs.pod is None and status.active_pod != current:
+        return _due(status, obs)  # attempt recorded, pod not created yet
+
+    outcome = classify(
+        obs.pod,
+        node=obs.node,
+        node_deleted=obs.node_deleted,
+        notice_taints=obs.spec.preemption.notice_taints,
+    )
+    if not outcome.ended:
+        resume = _resume_step(obs.pod)
+        conds = _conditions_for_end(status, obs, True, "AttemptRunning", f"pod {current}")
+        new = _with(
+            status,
+            obs,
+            active_pod=current,
+            resume_step=resume if resume is not None else status.resume_step,
+            next_attempt_time=None,
+            conditions=conds,
+        )
+        return Plan(new)
+    return _ended(status, obs, outcome, current)
+
+
+def _resume_step(pod: Mapping[str, Any] | None) -> int | None:
+    value = ((pod or {}).get("metadata") or {}).get("annotations", {}).get(ANNOTATION_RESUME_STEP)
+    return int(value) if value is not None and str(value).isdigit() else None
+
+
+def _due(status: TrainingRunStatus, obs: Observed) -> Plan:
+    """Attempt ``status.attempt`` has no pod yet: create it now, or wait out the backoff."""
+    due = parse_time(status.next_attempt_time)
+    if due and due > obs.now:
+        new = _with(status, obs)
+        return Plan(new, requeue_after=(due - obs.now).total_seconds())
+    return Plan(_with(status, obs), create_attempt=status.attempt)
+
+
+def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
+    counters = Counters(
+        status.restarts,
+        status.preemptions,
+        status.consecutive_failures,
+        tuple(status.bad_checkpoints),
+    )
+    latest_step = status.latest_checkpoint.step if status.latest_checkpoint else None
+    d = decide(
+        outcome,
+        counters,
+        obs.spec.restart_policy,
+        resume_step=status.resume_step,
+        latest_step=latest_step,
+    )
+    c = d.counters
+    base: dict[str, Any] = {
+        "restarts": c.restarts,
+        "preemptions": c.preemptions,
+        "consecutive_failures": c.consecutive_failures,
+        "bad_checkpoints": list(c.bad_checkpoints),
+        "active_pod": None,
+        "reason": d.reason,
+        "message": d.message,
+    }
+    # A pod that still runs (node NotReady, notice) is deleted so it cannot write again.
+    still_there = obs.pod is not None and (obs.pod.get("status") or {}).get("phase") not in (
+        "Succeeded",
+        "Failed",
+    )
+    delete = current if still_there else None
+    attempt_msg = f"attempt {status.attempt} ({current}): {d.message}"
+    conds = _conditions_for_end(status, obs, False, d.reason, attempt_msg)
+
+    if d.action is Action.FINISH:
+        conds = set_condition(
+            conds, SUCCEEDED, True, "Succeeded", attempt_msg, obs.generation, obs.now
+        )
+        new = _with(status, obs, conditions=conds, next_attempt_time=None, **base)
+        return Plan(new, events=[Event("Normal", "Succeeded", attempt_msg)])
+    if d.action is Action.FAIL:
+        conds = set_condition(conds, FAILED, True, d.reason, attempt_msg, obs.generation, obs.now)
+        new = _with(status, obs, conditions=conds, next_attempt_time=None, **base)
+        return Plan(new, delete_pod=delete, events=[Event("Warning", d.reason, attempt_msg)])
+
+    next_time = obs.now + timedelta(seconds=d.delay_seconds) if d.delay_seconds else None
+    new = _with(
+        status,
+        obs,
+        conditions=conds,
+        attempt=status.attempt + 1,
+        resume_step=None,
+        next_attempt_time=rfc3339(next_time) if next_time else None,
+        **base,
+    )
+    event_type = "Normal" if d.reason == "Preempted" else "Warning"
+    events = [Event(event_type, d.reason, attempt_msg)]
+    return Plan(
+        new,
+        delete_pod=delete,
+        events=events,
+        requeue_after=float(d.delay_seconds) if d.delay_seconds else 0.0,
+    )
+
+
+def started(
+    status: TrainingRunStatus,
+    obs: Observed,
+    pod: Mapping[str, Any],
+) -> tuple[TrainingRunStatus, Event]:
+    """Status and Event after the pod of ``status.attempt`` was created (or found)."""
+    name = (pod.get("metadata") or {}).get("name", "")
+    resume = _resume_step(pod)
+    if resume is not None:
+        reason, msg = "Resumed", f"attempt {status.attempt} ({name}) resumes from step {resume}"
+    else:
+        reason, msg = "Started", f"attempt {status.attempt} ({name}) starts from scratch"
+    conds = set_condition(status.conditions, RUNNING, True, reason, msg, obs.generation, obs.now)
+    new = _with(
+        status,
+        obs,
+        active_pod=name,
+        resume_step=resume,
+        next_attempt_time=None,
+        conditions=conds,
+        reason=reason,
+        message=msg,
+    )
+    return new, Event("Normal", reason, msg)
+
+
+def invalid_spec(
+    status: TrainingRunStatus, generation: int, message: str, now: datetime
+) -> TrainingRunStatus:
+    """Status of a run whose spec is unusable: failed at once, with the reason."""
+    conds = set_condition(status.conditions, FAILED, True, "InvalidSpec", message, generation, now)
+    new = status.model_copy(
+        update={
+            "observed_generation": generation,
+            "conditions": conds,
+            "reason": "InvalidSpec",
+            "message": message,
+        }
+    )
+    return new.model_copy(update={"phase": phase_of(new)})

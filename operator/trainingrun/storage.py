@@ -1,0 +1,272 @@
+"""The one wrapper around S3: every call to the object store goes through ``Store``, which
+decides in one place what 404, 412, 429 and 5xx mean.
+
+- 404 / NoSuchKey: ``None`` (or ``NotFound`` where absence is an error).
+- 412 PreconditionFailed: ``PreconditionFailed`` (a create-only or compare-and-swap lost).
+- 429, 5xx, connection errors: retried by botocore's adaptive mode with jittered backoff, then
+  ``StorageUnavailable``.
+- 403 / credentials: ``StorageAccessDenied`` naming the bucket and the fix.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    RUN_MANIFEST,
+    CheckpointManifest,
+    ManifestEntry,
+    ManifestError,
+    RunManifest,
+    candidates,
+    listing_problems,
+    parse_checkpoint_manifest,
+    parse_run_manifest,
+)
+
+
+class StorageError(Exception):
+    """A storage failure; the message names the bucket or key and what to do."""
+
+
+class StorageUnavailable(StorageError):
+    """The endpoint did not answer or kept answering 429/5xx; retrying later may work."""
+
+
+class StorageAccessDenied(StorageError):
+    """Credentials missing or not allowed; retrying will not help."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write lost (If-None-Match / If-Match)."""
+
+
+class NotFound(StorageError):
+    """The bucket or key does not exist."""
+
+
+@dataclass(frozen=True)
+class Location:
+    bucket: str
+    prefix: str  # without leading or trailing '/'
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+
+def parse_uri(uri: str) -> Location:
+    if not uri.startswith("s3://"):
+        raise ValueError(f"storage uri {uri!r} must start with s3://")
+    rest = uri[len("s3://") :]
+    bucket, _, prefix = rest.partition("/")
+    if not bucket:
+        raise ValueError(f"storage uri {uri!r} has no bucket")
+    return Location(bucket, prefix.strip("/"))
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:  # never print the secret
+        return "Credentials(access_key=***, secret_key=***)"
+
+
+def make_client(
+    endpoint: str | None = None,
+    region: str | None = None,
+    credentials: Credentials | None = None,
+    max_pool_connections: int = 16,
+) -> Any:
+    """A boto3 S3 client. Without ``credentials`` the standard AWS chain applies (env, web
+    identity / IRSA, instance profile), refreshing as they expire."""
+    config = Config(
+        retries={"mode": "adaptive", "max_attempts": 8},
+        connect_timeout=5,
+        read_timeout=60,
+        max_pool_connections=max_pool_connections,
+        # boto3 >= 1.36 adds CRC checksums to every request by default; several S3-compatible
+        # stores reject them. Send them only where the API requires them; callers that want a
+        # checksum ask for one explicitly.
+        # botocore's own AWS_REQUEST_CHECKSUM_CALCULATION / AWS_RESPONSE_CHECKSUM_VALIDATION
+        # variables still win when set.
+        request_checksum_calculation=(
+            None if "AWS_REQUEST_CHECKSUM_CALCULATION" in os.environ else "when_required"
+        ),
+        response_checksum_validation=(
+            None if "AWS_RESPONSE_CHECKSUM_VALIDATION" in os.environ else "when_required"
+        ),
+        s3={"addressing_style": "path"} if endpoint else None,
+    )
+    kwargs: dict[str, Any] = {"config": config}
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    if region:
+        kwargs["region_name"] = region
+    if credentials:
+        kwargs["aws_access_key_id"] = credentials.access_key
+        kwargs["aws_secret_access_key"] = credentials.secret_key
+    return boto3.client("s3", **kwargs)
+
+
+def _status(err: botocore.exceptions.ClientError) -> int:
+    return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+
+
+def _code(err: botocore.exceptions.ClientError) -> str:
+    return str(err.response.get("Error", {}).get("Code", ""))
+
+
+class Store:
+    """S3 calls for one bucket."""
+
+    def __init__(self, client: Any, bucket: str) -> None:
+        self.client = client
+        self.bucket = bucket
+
+    def _translate(self, err: Exception, key: str) -> StorageError:
+        where = f"s3://{self.bucket}/{key}"
+        if isinstance(err, botocore.exceptions.ClientError):
+            status, code = _status(err), _code(err)
+            if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
+                if code == "NoSuchBucket":
+                    return NotFound(f"bucket {self.bucket!r} does not exist: create it first")
+                return NotFound(f"{where} does not exist")
+            if status == 412 or code == "PreconditionFailed":
+                return PreconditionFailed(f"{where}: condition not met")
+            if status == 403 or code in (
+                "AccessDenied",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+            ):
+                return StorageAccessDenied(
+                    f"{where}: access denied ({code}); check the credentials Secret or the "
+                    "role's bucket policy (s3:GetObject, s3:PutObject, s3:ListBucket)"
+                )
+            return StorageUnavailable(f"{where}: {code or status}")
+        if isinstance(err, botocore.exceptions.NoCredentialsError):
+            return StorageAccessDenied(
+                f"{where}: no credentials found; set spec.checkpoint.storage.credentialsSecret "
+                "or give the pod an identity (IRSA, Workload Identity)"
+            )
+        if isinstance(err, botocore.exceptions.BotoCoreError):
+            return StorageUnavailable(f"{where}: {err}")
+        raise err
+
+    def get(self, key: str) -> bytes | None:
+        """The object's bytes, or None when it does not exist."""
+        try:
+            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
+        except Exception as e:
+            err = self._translate(e, key)
+            if isinstance(err, NotFound) and "bucket" not in str(err):
+                return None
+            raise err from e
+        return body
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+            return resp["Body"].read(), str(resp["ETag"])
+        except Exception as e:
+            err = self._translate(e, key)
+            if isinstance(err, NotFound) and "bucket" not in str(err):
+                return None
+            raise err from e
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        content_type: str = "application/json",
+    ) -> str:
+        """Writes ``data``; create-only with ``if_none_match``, compare-and-swap with
+        ``if_match``. Returns the new ETag."""
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": data,
+            "ContentType": content_type,
+        }
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match:
+            kwargs["IfMatch"] = if_match
+        try:
+            return str(self.client.put_object(**kwargs)["ETag"])
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object under ``prefix``."""
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents") or []:
+                    yield str(obj["Key"]), int(obj["Size"])
+        except Exception as e:
+            raise self._translate(e, prefix) from e
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            chunk = [{"Key": k} for k in keys[i : i + 1000]]
+            try:
+                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+            except Exception as e:
+                raise self._translate(e, keys[i]) from e
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading committed checkpoints (operator side)
+
+
+def read_run_manifest(store: Store, run: Location) -> RunManifest | None:
+    """The run's manifest, None when nothing was committed yet. Raises ManifestError."""
+    data = store.get(run.key(RUN_MANIFEST))
+    return parse_run_manifest(data) if data is not None else None
+
+
+@dataclass(frozen=True)
+class Choice:
+    entry: ManifestEntry | None
+    checkpoint: CheckpointManifest | None
+    rejected: list[tuple[int, str]]  # (step, why) of newer committed entries passed over
+
+
+def choose_checkpoint(store: Store, run: Location, bad_steps: set[int]) -> Choice:
+    """The newest committed checkpoint not marked bad whose objects exist with the recorded sizes;
+    older committed entries are tried in turn."""
+    manifest = read_run_manifest(store, run)
+    if manifest is None:
+        return Choice(None, None, [])
+    rejected: list[tuple[int, str]] = []
+    for entry in candidates(manifest, bad_steps):
+        prefix = run.key(entry.prefix) + "/"
+        try:
+            data = store.get(prefix + CHECKPOINT_MANIFEST)
+            if data is None:
+                rejected.append((entry.step, f"{CHECKPOINT_MANIFEST} is missing"))
+                continue
+            ckpt = parse_checkpoint_manifest(data, entry.step)
+        except ManifestError as e:
+            rejected.append((entry.step, str(e)))
+            continue
+        listing = {key[len(prefix) :]: size for key, size in store.list_objects(prefix)}
+        problems = listing_problems(ckpt, listing)
+        if problems:
+            rejected.append((entry.step, "; ".join(problems[:3])))
+            continue
+        return Choice(entry, ckpt, rejected)
+    return Choice(None, None, rejected)

@@ -1,0 +1,262 @@
+"""Helpers for operator integration tests: the operator as a real process, TrainingRun manifests,
+kubelet-like pod status writes, and checkpoints committed to the real bucket the way the sync
+sidecar commits them (objects, then MANIFEST.json create-only, then manifest.json)."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, TypeVar
+
+from kubernetes import client
+
+from tests.localenv import LocalEnv
+from trainingrun import api
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    MANIFEST_VERSION,
+    RUN_MANIFEST,
+    CheckpointManifest,
+    FileEntry,
+    ManifestEntry,
+    RunManifest,
+    checkpoint_prefix,
+    parse_run_manifest,
+)
+
+T = TypeVar("T")
+
+
+def wait_for(predicate: Callable[[], T | None], timeout_s: float, what: str) -> T:
+    """Polls ``predicate`` (bounded by ``timeout_s``) until it returns something truthy."""
+    deadline = time.monotonic() + timeout_s
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
+
+
+@dataclass
+class OperatorProcess:
+    """``trainingrun operator`` as a real process against the local control plane."""
+
+    env: LocalEnv
+    log_path: Path
+    proc: subprocess.Popen[bytes] | None = None
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    def start(self) -> None:
+        env = {
+            **os.environ,
+            "KUBECONFIG": self.env.kubeconfig,
+            "TRAININGRUN_RESYNC_SECONDS": "2",
+            "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "1",
+            **self.extra_env,
+        }
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "trainingrun.cli", "operator"],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+        )
+
+    def kill(self) -> None:
+        """SIGKILL: no chance to finish anything."""
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+
+def trainingrun(
+    name: str,
+    env: LocalEnv,
+    prefix: str,
+    *,
+    secret: str = "s3creds",
+    restart_policy: dict[str, Any] | None = None,
+    preemption: dict[str, Any] | None = None,
+    node: str | None = None,
+) -> dict[str, Any]:
+    pod_spec: dict[str, Any] = {
+        "containers": [{"name": "trainer", "image": "example.invalid/trainer:1"}]
+    }
+    if node:
+        pod_spec["nodeSelector"] = {"kubernetes.io/hostname": node}
+    spec: dict[str, Any] = {
+        "template": {"spec": pod_spec},
+        "checkpoint": {
+            "storage": {
+                "uri": f"s3://{env.bucket}/{prefix}",
+                "endpoint": env.s3_endpoint,
+                "region": env.s3_region,
+                "credentialsSecret": secret,
+            }
+        },
+        "restartPolicy": {
+            "backoff": {"initialSeconds": 1, "maxSeconds": 2},
+            **(restart_policy or {}),
+        },
+    }
+    if preemption:
+        spec["preemption"] = preemption
+    return {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
+        "metadata": {"name": name},
+        "spec": spec,
+    }
+
+
+class Runs:
+    """TrainingRun calls of one test namespace."""
+
+    def __init__(self, api_client: Any, namespace: str) -> None:
+        self.custom = client.CustomObjectsApi(api_client)
+        self.core = client.CoreV1Api(api_client)
+        self.namespace = namespace
+
+    def create(self, body: dict[str, Any]) -> None:
+        self.custom.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, body
+        )
+
+    def get(self, name: str) -> dict[str, Any]:
+        run: dict[str, Any] = self.custom.get_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
+        )
+        return run
+
+    def status(self, name: str) -> dict[str, Any]:
+        return self.get(name).get("status") or {}
+
+    def wait_status(
+        self, name: str, check: Callable[[dict[str, Any]], bool], timeout_s: float, what: str
+    ) -> dict[str, Any]:
+        return wait_for(lambda: (s := self.status(name)) and check(s) and s, timeout_s, what)
+
+    def pod(self, name: str) -> Any:
+        try:
+            return self.core.read_namespaced_pod(name, self.namespace)
+        except client.ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def wait_pod_running(self, name: str, timeout_s: float = 30) -> Any:
+        return wait_for(
+            lambda: (p := self.pod(name)) and p.status.phase == "Running" and p,
+            timeout_s,
+            f"pod {name} Running",
+        )
+
+    def pods_of(self, run: str) -> list[Any]:
+        return list(
+            self.core.list_namespaced_pod(
+                self.namespace, label_selector=f"trainingrun.dev/run={run}"
+            ).items
+        )
+
+    def events(self, run: str) -> list[Any]:
+        return [
+            e
+            for e in self.core.list_namespaced_event(self.namespace).items
+            if e.involved_object.name == run and e.involved_object.kind == api.KIND
+        ]
+
+    def end_pod(
+        self, name: str, exit_code: int, reason: str = "", container: str = "trainer"
+    ) -> None:
+        """Writes a terminated container and the pod phase, as the kubelet does."""
+        pod = self.core.read_namespaced_pod(name, self.namespace)
+        term = {
+            "exitCode": exit_code,
+            "reason": reason or ("Completed" if exit_code == 0 else "Error"),
+        }
+        statuses = [
+            {
+                "name": container,
+                "ready": False,
+                "restartCount": 0,
+                "image": "example.invalid/trainer:1",
+                "imageID": "",
+                "state": {"terminated": term},
+            }
+        ]
+        key = "containerStatuses"
+        if container != "trainer":
+            key = "initContainerStatuses"
+        body = {
+            "status": {
+                "phase": "Succeeded" if exit_code == 0 else "Failed",
+                key: statuses,
+            }
+        }
+        del pod
+        self.core.patch_namespaced_pod_status(name, self.namespace, body)
+
+    def env_of(self, pod: Any, container: str = "trainer") -> dict[str, str]:
+        for c in pod.spec.containers + (pod.spec.init_containers or []):
+            if c.name == container:
+                return {e.name: e.value for e in c.env or [] if e.value is not None}
+        raise AssertionError(f"no container {container} in {pod.metadata.name}")
+
+
+def commit_checkpoint(
+    s3: Any, bucket: str, run_key: str, step: int, files: dict[str, bytes]
+) -> None:
+    """Commits a checkpoint as the sync sidecar does: objects, MANIFEST.json, manifest.json."""
+    prefix = f"{run_key}/{checkpoint_prefix(step)}"
+    entries = []
+    for path, data in files.items():
+        s3.put_object(Bucket=bucket, Key=prefix + path, Body=data)
+        digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
+        entries.append(
+            FileEntry(path=path, size=len(data), checksum_algorithm="SHA256", checksum=digest)
+        )
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    ckpt = CheckpointManifest(version=MANIFEST_VERSION, step=step, files=entries, created=now)
+    s3.put_object(
+        Bucket=bucket,
+        Key=prefix + CHECKPOINT_MANIFEST,
+        Body=ckpt.model_dump_json().encode(),
+        IfNoneMatch="*",
+    )
+    try:
+        current = parse_run_manifest(
+            s3.get_object(Bucket=bucket, Key=f"{run_key}/{RUN_MANIFEST}")["Body"].read()
+        )
+    except s3.exceptions.NoSuchKey:
+        current = RunManifest()
+    entry = ManifestEntry(
+        step=step,
+        prefix=checkpoint_prefix(step),
+        committed=now,
+        files=len(entries),
+        bytes=sum(len(d) for d in files.values()),
+    )
+    manifest = RunManifest(entries=[*current.entries, entry])
+    s3.put_object(Bucket=bucket, Key=f"{run_key}/{RUN_MANIFEST}", Body=manifest.to_json())

@@ -1,0 +1,296 @@
+"""The operator against the real control plane, kwok nodes and the real bucket; no mocks.
+
+Covers: a run that succeeds; a failed attempt resubmitted from the newest committed checkpoint
+and counted as a restart; preemption by the Eviction API, by node deletion and by node NotReady,
+each resubmitted and counted as a preemption only; maxRestarts exhausted ends the run Failed; a
+newest checkpoint with a missing object, and one the restore reports corrupt, both fall back to
+the previous checkpoint; a missing credentials Secret fails the run at once with its reason;
+`kubectl get trainingruns` columns; the operator SIGKILLed around resubmissions leaves exactly
+one pod per attempt and no attempt number skipped.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from tests.integration.support import (
+    OperatorProcess,
+    Runs,
+    commit_checkpoint,
+    trainingrun,
+    wait_for,
+)
+from tests.localenv import KWOK_NODE_ANNOTATION, LocalEnv
+
+pytestmark = pytest.mark.usefixtures("operator")
+
+RESTORE_EXIT_CHECKPOINT_BAD = 3
+
+
+def run_key(prefix: str, namespace: str, name: str) -> str:
+    return f"{prefix}/{namespace}/{name}"
+
+
+def start(runs: Runs, localenv: LocalEnv, prefix: str, name: str, node: str, **kw: Any) -> Any:
+    runs.create(trainingrun(name, localenv, prefix, node=node, **kw))
+    runs.wait_status(name, lambda s: s.get("activePod") == f"{name}-1", 30, "attempt 1 started")
+    return runs.wait_pod_running(f"{name}-1")
+
+
+def test_run_succeeds_when_trainer_exits_zero(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any
+) -> None:
+    start(runs, localenv, prefix, "ok", kwok_node())
+    runs.end_pod("ok-1", 0)
+    status = runs.wait_status("ok", lambda s: s.get("phase") == "Succeeded", 30, "Succeeded")
+    assert status["attempt"] == 1
+    assert status["restarts"] == 0 and status["preemptions"] == 0
+    conds = {c["type"]: c for c in status["conditions"]}
+    assert conds["Succeeded"]["status"] == "True"
+    assert conds["Running"]["status"] == "False"
+    assert [e.reason for e in runs.events("ok") if e.reason == "Succeeded"]
+
+
+def test_failed_attempt_resubmits_from_newest_checkpoint_as_restart(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
+) -> None:
+    start(runs, localenv, prefix, "fail", kwok_node())
+    key = run_key(prefix, runs.namespace, "fail")
+    commit_checkpoint(s3, localenv.bucket, key, 10, {"model.safetensors": b"w" * 100})
+    commit_checkpoint(s3, localenv.bucket, key, 20, {"model.safetensors": b"x" * 120})
+    runs.end_pod("fail-1", 1)
+    status = runs.wait_status(
+        "fail", lambda s: s.get("activePod") == "fail-2", 30, "attempt 2 started"
+    )
+    assert status["restarts"] == 1
+    assert status["preemptions"] == 0
+    assert status["resumeStep"] == 20
+    assert status["latestCheckpoint"]["step"] == 20
+    env = runs.env_of(runs.pod("fail-2"))
+    assert env["TRAININGRUN_RESUME_STEP"] == "20"
+    assert env["TRAININGRUN_RESUME_FROM"] == "/checkpoints/checkpoint-20"
+    assert env["TRAININGRUN_RESUME_URI"].endswith(f"{key}/checkpoints/checkpoint-20/")
+    assert env["TRAININGRUN_ATTEMPT"] == "2"
+    restore = runs.env_of(runs.pod("fail-2"), "trainingrun-restore")
+    assert restore["TRAININGRUN_RESTORE_STEP"] == "20"
+    reasons = [e.reason for e in runs.events("fail")]
+    assert "Failed" in reasons and "Resumed" in reasons
+
+
+def test_eviction_is_a_preemption_not_a_restart(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    start(runs, localenv, prefix, "evict", kwok_node())
+    core_v1.create_namespaced_pod_eviction(
+        "evict-1",
+        runs.namespace,
+        client.V1Eviction(metadata=client.V1ObjectMeta(name="evict-1", namespace=runs.namespace)),
+    )
+    status = runs.wait_status(
+        "evict", lambda s: s.get("activePod") == "evict-2", 30, "attempt 2 after eviction"
+    )
+    assert status["preemptions"] == 1
+    assert status["restarts"] == 0
+    messages = [e.message for e in runs.events("evict") if e.reason == "Preempted"]
+    assert messages and "EvictionByEvictionAPI" in messages[0]
+
+
+def test_node_deletion_is_a_preemption(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    node = kwok_node()
+    spare = kwok_node()
+    start(runs, localenv, prefix, "gone", node)
+    # Let the replacement schedule on the spare node.
+    body = runs.get("gone")
+    body["spec"]["template"]["spec"]["nodeSelector"] = {"type": "kwok"}
+    runs.custom.replace_namespaced_custom_object(
+        "trainingrun.dev", "v1alpha1", runs.namespace, "trainingruns", "gone", body
+    )
+    core_v1.delete_node(node)
+    status = runs.wait_status(
+        "gone", lambda s: s.get("activePod") == "gone-2", 30, "attempt 2 after node deletion"
+    )
+    assert status["preemptions"] == 1
+    assert status["restarts"] == 0
+    runs.wait_pod_running("gone-2")
+    assert runs.pod("gone-2").spec.node_name != node
+    del spare
+
+
+def test_node_not_ready_is_a_preemption(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    node = kwok_node()
+    start(runs, localenv, prefix, "sick", node)
+    # Stop kwok from heartbeating for this node, then mark it as the node lifecycle controller
+    # marks a node whose kubelet stopped posting status.
+    core_v1.patch_node(node, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}})
+    time.sleep(0.5)
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    core_v1.patch_node_status(
+        node,
+        {
+            "status": {
+                "conditions": [
+                    {
+                        "type": "Ready",
+                        "status": "Unknown",
+                        "reason": "NodeStatusUnknown",
+                        "message": "Kubelet stopped posting node status.",
+                        "lastHeartbeatTime": now,
+                        "lastTransitionTime": now,
+                    }
+                ]
+            }
+        },
+    )
+    status = runs.wait_status(
+        "sick", lambda s: s.get("attempt", 0) >= 2, 30, "attempt 2 after node NotReady"
+    )
+    assert status["preemptions"] == 1
+    assert status["restarts"] == 0
+    # The attempt on the lost node is deleted so it cannot write again.
+    wait_for(lambda: runs.pod("sick-1") is None, 30, "pod sick-1 deleted")
+
+
+def test_max_restarts_exhausted_ends_failed(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any
+) -> None:
+    start(
+        runs,
+        localenv,
+        prefix,
+        "budget",
+        kwok_node(),
+        restart_policy={"maxRestarts": 1, "crashLoopLimit": 10},
+    )
+    runs.end_pod("budget-1", 1)
+    runs.wait_status("budget", lambda s: s.get("activePod") == "budget-2", 30, "attempt 2")
+    runs.wait_pod_running("budget-2")
+    runs.end_pod("budget-2", 137, reason="OOMKilled")
+    status = runs.wait_status("budget", lambda s: s.get("phase") == "Failed", 30, "Failed")
+    assert status["reason"] == "RestartBudgetExhausted"
+    assert status["restarts"] == 2
+    assert "OOMKilled" in status["message"] or "memory" in status["message"]
+    time.sleep(1)
+    assert runs.pod("budget-3") is None
+
+
+def test_missing_object_in_newest_checkpoint_falls_back_to_previous(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
+) -> None:
+    start(runs, localenv, prefix, "fallback", kwok_node())
+    key = run_key(prefix, runs.namespace, "fallback")
+    commit_checkpoint(s3, localenv.bucket, key, 5, {"w.bin": b"a" * 10, "opt.bin": b"b" * 5})
+    commit_checkpoint(s3, localenv.bucket, key, 9, {"w.bin": b"c" * 10, "opt.bin": b"d" * 5})
+    s3.delete_object(Bucket=localenv.bucket, Key=f"{key}/checkpoints/checkpoint-9/opt.bin")
+    runs.end_pod("fallback-1", 1)
+    runs.wait_status("fallback", lambda s: s.get("activePod") == "fallback-2", 30, "attempt 2")
+    env = runs.env_of(runs.pod("fallback-2"))
+    assert env["TRAININGRUN_RESUME_STEP"] == "5"
+    skipped = [e.message for e in runs.events("fallback") if e.reason == "CheckpointSkipped"]
+    assert skipped and "checkpoint 9" in skipped[0] and "opt.bin is missing" in skipped[0]
+
+
+def test_checkpoint_reported_corrupt_by_restore_is_marked_bad(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
+) -> None:
+    start(runs, localenv, prefix, "corrupt", kwok_node())
+    key = run_key(prefix, runs.namespace, "corrupt")
+    commit_checkpoint(s3, localenv.bucket, key, 3, {"w.bin": b"1" * 8})
+    commit_checkpoint(s3, localenv.bucket, key, 6, {"w.bin": b"2" * 8})
+    runs.end_pod("corrupt-1", 1)
+    runs.wait_status("corrupt", lambda s: s.get("activePod") == "corrupt-2", 30, "attempt 2")
+    assert runs.env_of(runs.pod("corrupt-2"))["TRAININGRUN_RESUME_STEP"] == "6"
+    runs.wait_pod_running("corrupt-2")
+    runs.end_pod(
+        "corrupt-2", RESTORE_EXIT_CHECKPOINT_BAD, reason="Error", container="trainingrun-restore"
+    )
+    status = runs.wait_status(
+        "corrupt", lambda s: s.get("activePod") == "corrupt-3", 30, "attempt 3"
+    )
+    assert status["badCheckpoints"] == [6]
+    assert status["restarts"] == 1  # only attempt 1's failure; CheckpointBad spends nothing
+    assert runs.env_of(runs.pod("corrupt-3"))["TRAININGRUN_RESUME_STEP"] == "3"
+
+
+def test_missing_secret_fails_at_once_with_reason(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any
+) -> None:
+    runs.create(trainingrun("nosecret", localenv, prefix, secret="absent", node=kwok_node()))
+    status = runs.wait_status("nosecret", lambda s: s.get("phase") == "Failed", 30, "Failed")
+    assert status["reason"] == "MissingSecret"
+    assert "absent" in status["message"] and "AWS_ACCESS_KEY_ID" in status["message"]
+    assert runs.pods_of("nosecret") == []
+
+
+def test_kubectl_get_shows_live_columns(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
+) -> None:
+    start(runs, localenv, prefix, "cols", kwok_node())
+    commit_checkpoint(s3, localenv.bucket, run_key(prefix, runs.namespace, "cols"), 42, {"w": b"1"})
+    runs.end_pod("cols-1", 1)
+    runs.wait_status("cols", lambda s: s.get("activePod") == "cols-2", 30, "attempt 2")
+    out = localenv.kubectl("get", "trainingruns", "-n", runs.namespace)
+    header, row = out.strip().splitlines()[:2]
+    assert header.split() == [
+        "NAME",
+        "PHASE",
+        "ATTEMPT",
+        "RESTARTS",
+        "PREEMPTIONS",
+        "CHECKPOINT",
+        "AGE",
+    ]
+    assert row.split()[:6] == ["cols", "Running", "2", "1", "0", "42"]
+    wide = localenv.kubectl("get", "trainingruns", "-n", runs.namespace, "-o", "wide")
+    assert "REASON" in wide.splitlines()[0] and "MESSAGE" in wide.splitlines()[0]
+    assert "Resumed" in wide.splitlines()[1]
+
+
+def test_operator_killed_around_resubmissions_makes_one_pod_per_attempt(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, operator: OperatorProcess
+) -> None:
+    start(
+        runs,
+        localenv,
+        prefix,
+        "chaos",
+        kwok_node(),
+        restart_policy={
+            "maxRestarts": 20,
+            "crashLoopLimit": 20,
+            "backoff": {"initialSeconds": 0, "maxSeconds": 0},
+        },
+    )
+    rng = random.Random(7)
+    rounds = 5
+    try:
+        for attempt in range(1, rounds + 1):
+            runs.wait_pod_running(f"chaos-{attempt}")
+            runs.end_pod(f"chaos-{attempt}", 1)
+            # Kill at a random moment of the resubmission (before, during or after the status
+            # write and the pod create), then restart.
+            time.sleep(rng.uniform(0.0, 0.4))
+            operator.kill()
+            operator.start()
+            runs.wait_status(
+                "chaos",
+                lambda s, a=attempt: s.get("activePod") == f"chaos-{a + 1}",
+                45,
+                f"attempt {attempt + 1}",
+            )
+    finally:
+        if not operator.alive():
+            operator.start()
+    names = sorted(p.metadata.name for p in runs.pods_of("chaos"))
+    assert names == sorted(f"chaos-{i}" for i in range(1, rounds + 2))
+    status = runs.status("chaos")
+    assert status["attempt"] == rounds + 1
+    assert status["restarts"] == rounds
