@@ -8,7 +8,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
-.PHONY: help venv tools cluster cluster-down cluster-status demo lint typecheck layers \
+.PHONY: help venv tools cluster cluster-down cluster-status demo crds crds-check lint typecheck layers \
 	test test-unit test-integration clean
 
 help: ## List the targets with one line each
@@ -44,6 +44,13 @@ demo: cluster ## The main job on the local environment (see README)
 	@echo "Look around:  eval \"\$$($(BIN)/python -m tests.localenv env)\"; kubectl get nodes"
 	@echo "Tear down:    make cluster-down"
 
+crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api.py
+	$(BIN)/python -m trainingrun.crd > crds/trainingrun.yaml
+
+crds-check: venv ## Fail when crds/trainingrun.yaml is stale
+	@$(BIN)/python -m trainingrun.crd | diff -u crds/trainingrun.yaml - >/dev/null || \
+		{ echo "crds/trainingrun.yaml is stale: run 'make crds' and commit it"; exit 1; }
+
 lint: venv ## ruff (lint and format check)
 	$(BIN)/ruff check operator tests
 	$(BIN)/ruff format --check operator tests
@@ -60,7 +67,7 @@ test-unit: venv ## Unit tests (no cluster)
 test-integration: venv tools ## Integration tests against the real control plane and SeaweedFS
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck layers tools ## Everything CI runs: lint, types, layers, unit and integration tests
+test: lint typecheck layers crds-check tools ## Everything CI runs: lint, types, layers, unit and integration tests
 	$(BIN)/pytest tests
 
 clean: cluster-down ## Stop the environment and remove .venv and caches inside the clone

@@ -75,7 +75,14 @@ class LocalEnv:
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
         """Runs the environment's kubectl and returns its stdout."""
-        proc = subprocess.run(
+        proc = self.kubectl_run(*args, stdin=stdin)
+        if check and proc.returncode != 0:
+            raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
+        return proc.stdout
+
+    def kubectl_run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+        """Runs the environment's kubectl; the caller reads returncode, stdout and stderr."""
+        return subprocess.run(
             [str(Path(self.bin_dir) / "kubectl"), "--kubeconfig", self.kubeconfig, *args],
             input=stdin,
             capture_output=True,
@@ -83,9 +90,6 @@ class LocalEnv:
             timeout=120,
             check=False,
         )
-        if check and proc.returncode != 0:
-            raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
-        return proc.stdout
 
     def shell_exports(self) -> str:
         """Lines a shell can eval to use this environment (the secret stays in the state file)."""

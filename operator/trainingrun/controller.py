@@ -9,11 +9,14 @@ Passes for one run are serialised by a lock; passes for different runs run in pa
 
 from __future__ import annotations
 
+import heapq
 import logging
 import os
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -74,12 +77,58 @@ class OperatorSettings:
         )
 
 
+def _rv(obj: Mapping[str, Any]) -> int:
+    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(value) if value.isdigit() else -1
+
+
+class Cache:
+    """The newest state seen of each object, from watch events and from the answers to the
+    operator's own writes (like an informer's store): a pass reads it instead of the API.
+    An older resourceVersion never replaces a newer one."""
+
+    def __init__(self, max_gone: int = 10000) -> None:
+        self._lock = threading.Lock()
+        self._live: dict[Any, dict[str, Any]] = {}
+        self._gone: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+        self._max_gone = max_gone
+
+    def put(self, key: Any, obj: Mapping[str, Any]) -> None:
+        with self._lock:
+            old = self._live.get(key)
+            if old is None or _rv(obj) >= _rv(old):
+                self._live[key] = dict(obj)
+            self._gone.pop(key, None)
+
+    def gone(self, key: Any, last: Mapping[str, Any] | None) -> None:
+        """The object was deleted; ``last`` is its final state."""
+        with self._lock:
+            self._live.pop(key, None)
+            self._gone[key] = dict(last or {})
+            while len(self._gone) > self._max_gone:
+                self._gone.popitem(last=False)
+
+    def get(self, key: Any) -> tuple[dict[str, Any] | None, bool]:
+        """(object, known): known is False when the cache has never heard of the key."""
+        with self._lock:
+            if key in self._live:
+                return self._live[key], True
+            if key in self._gone:
+                return None, True
+            return None, False
+
+    def keys(self) -> list[Any]:
+        with self._lock:
+            return list(self._live)
+
+    def last(self, key: Any) -> dict[str, Any] | None:
+        with self._lock:
+            return self._gone.get(key)
+
+
 @dataclass
 class _RunMemory:
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Last state seen of the run's newest pod event: a pod evicted and deleted at once is gone
-    # from the API before a pass reads it, and its last state still says why it ended.
-    last_pod: dict[str, Any] | None = None
     checkpoint_read_at: float = 0.0
 
 
@@ -90,6 +139,9 @@ class Reconciler:
         self._memory: dict[tuple[str, str], _RunMemory] = {}
         self._memory_lock = threading.Lock()
         self._stores: dict[tuple[str | None, str | None, str, str], Store] = {}
+        self.runs = Cache()
+        self.pods = Cache()
+        self.nodes = Cache()
 
     def memory(self, namespace: str, name: str) -> _RunMemory:
         with self._memory_lock:
@@ -98,6 +150,39 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
+        self.runs.gone((namespace, name), None)
+
+    def _get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        run, known = self.runs.get((namespace, name))
+        if not known:
+            run = self.kube.get_run(namespace, name)
+            if run is not None:
+                self.runs.put((namespace, name), run)
+        return run
+
+    def _get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod, or for a deleted pod its last state when that state says it ended (an
+        evicted pod is gone before a pass can read why)."""
+        key = (namespace, name)
+        pod, known = self.pods.get(key)
+        if pod is not None:
+            return pod
+        if known:
+            return self.pods.last(key)
+        pod = self.kube.get_pod(namespace, name)
+        if pod is not None:
+            self.pods.put(key, pod)
+        return pod
+
+    def _get_node(self, name: str) -> tuple[dict[str, Any] | None, bool]:
+        """(node, deleted)."""
+        node, known = self.nodes.get(name)
+        if known:
+            return node, node is None
+        node = self.kube.get_node(name)
+        if node is not None:
+            self.nodes.put(name, node)
+        return node, node is None
 
     # -- storage ---------------------------------------------------------------------------
 
@@ -145,9 +230,8 @@ class Reconciler:
             return self._reconcile(namespace, name, mem)
 
     def _reconcile(self, namespace: str, name: str, mem: _RunMemory) -> float | None:
-        run = self.kube.get_run(namespace, name)
+        run = self._get_run(namespace, name)
         if run is None:
-            self.forget(namespace, name)
             return None
         meta = run["metadata"]
         if meta.get("deletionTimestamp"):
@@ -168,16 +252,15 @@ class Reconciler:
 
         pod = None
         if status.attempt:
-            pod = self.kube.get_pod(namespace, pod_name(name, status.attempt))
-            if pod is None and mem.last_pod is not None:
-                last = mem.last_pod
-                if last["metadata"]["name"] == pod_name(name, status.attempt):
-                    pod = last if self._ended(last, spec) else None
+            pod = self._get_pod(namespace, pod_name(name, status.attempt))
+            if pod is not None and not pod.get("metadata"):
+                pod = None  # deleted, last state unknown
+            if pod is not None and self.pods.last((namespace, pod["metadata"]["name"])) is pod:
+                pod = pod if self._ended(pod, spec) else None
         node, node_deleted = None, False
         node_name = ((pod or {}).get("spec") or {}).get("nodeName")
         if node_name:
-            node = self.kube.get_node(node_name)
-            node_deleted = node is None
+            node, node_deleted = self._get_node(node_name)
 
         latest = None
         ended = (pod is None and status.active_pod) or (
@@ -264,6 +347,7 @@ class Reconciler:
         pod = build_pod(ref, status.attempt, resume, self.settings.agent)
         try:
             created, _ = self.kube.create_pod(pod)
+            self.pods.put((namespace, created["metadata"]["name"]), created)
         except Forbidden as e:
             # Quota, a terminating namespace, an admission webhook: not the spec's fault.
             log.warning(
@@ -274,7 +358,7 @@ class Reconciler:
         except Invalid as e:
             return self._fail_invalid(run, status, obs.generation, f"pod rejected: {e}", obs.now)
         new, ev = started(status, obs, created)
-        self._write_status(namespace, name, status.model_dump(by_alias=True), new)
+        self._write_status(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
         self.kube.event(run, ev.type, ev.reason, ev.message)
         return None
 
@@ -304,7 +388,9 @@ class Reconciler:
         if new == old:
             return
         # Merge patch: keys that became None are removed.
-        self.kube.patch_run_status(namespace, name, new)
+        updated = self.kube.patch_run_status(namespace, name, new)
+        if updated is not None:
+            self.runs.put((namespace, name), updated)
 
     # -- nodes --------------------------------------------------------------------------------
 
@@ -344,16 +430,73 @@ def reconciler() -> Reconciler:
     return _reconciler
 
 
+class Scheduler:
+    """Passes that are due later (a backoff, a retry) and the periodic resync of every run, on
+    one thread with a heap; passes themselves run on a small worker pool. No finalizer and no
+    thread per waiting run."""
+
+    def __init__(self, run_pass: Any, resync_seconds: float, workers: int = 4) -> None:
+        self._run_pass = run_pass
+        self._resync = resync_seconds
+        self._heap: list[tuple[float, tuple[str, str]]] = []
+        self._due: dict[tuple[str, str], float] = {}
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="trainingrun-pass")
+        self._thread = threading.Thread(
+            target=self._loop, name="trainingrun-scheduler", daemon=True
+        )
+        self._last_resync = time.monotonic()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        with self._cv:
+            self._cv.notify()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def later(self, delay: float, key: tuple[str, str]) -> None:
+        when = time.monotonic() + max(delay, 0.0)
+        with self._cv:
+            if key in self._due and self._due[key] <= when:
+                return  # an earlier pass is already planned
+            self._due[key] = when
+            heapq.heappush(self._heap, (when, key))
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            now = time.monotonic()
+            if now - self._last_resync >= self._resync:
+                self._last_resync = now
+                keys = reconciler().runs.keys()
+                for n, key in enumerate(keys):  # spread over the interval
+                    self.later(self._resync * n / max(len(keys), 1), key)
+            with self._cv:
+                while self._heap and self._heap[0][0] <= time.monotonic():
+                    when, key = heapq.heappop(self._heap)
+                    if self._due.get(key) == when:
+                        del self._due[key]
+                        self._pool.submit(self._run_pass, *key)
+                wait = self._heap[0][0] - time.monotonic() if self._heap else self._resync
+                self._cv.wait(timeout=max(0.01, min(wait, self._resync)))
+
+
+_scheduler: Scheduler | None = None
+
+
 def _pass(namespace: str, name: str) -> None:
     try:
         again = reconciler().reconcile(namespace, name)
     except Exception:
-        log.exception("%s/%s: reconcile failed; the next event or tick retries", namespace, name)
+        log.exception(
+            "%s/%s: reconcile failed; retrying after the resync interval", namespace, name
+        )
         again = reconciler().settings.resync_seconds
-    if again:
-        timer = threading.Timer(max(again, 0.05), _pass, args=(namespace, name))
-        timer.daemon = True
-        timer.start()
+    if again and _scheduler is not None:
+        _scheduler.later(again, (namespace, name))
 
 
 @kopf.on.startup()
@@ -363,17 +506,27 @@ def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
     settings.execution.max_workers = int(os.environ.get("TRAININGRUN_WORKERS", "16"))
-    settings.persistence.finalizer = f"{api.GROUP}/finalizer"
-    _reconciler = Reconciler(Kube(load_config()), OperatorSettings.from_env())
+    op_settings = OperatorSettings.from_env()
+    _reconciler = Reconciler(Kube(load_config()), op_settings)
+    global _scheduler  # noqa: PLW0603
+    _scheduler = Scheduler(_pass, op_settings.resync_seconds)
+    _scheduler.start()
+
+
+@kopf.on.cleanup()
+def _cleanup(**_: Any) -> None:
+    if _scheduler is not None:
+        _scheduler.stop()
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def _on_run(type: str, namespace: str | None, name: str, **_: Any) -> None:
+def _on_run(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
     if not namespace:
         return
     if type == "DELETED":
         reconciler().forget(namespace, name)
         return
+    reconciler().runs.put((namespace, name), body)
     _pass(namespace, name)
 
 
@@ -382,23 +535,20 @@ def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -> None
     run = body["metadata"]["labels"][LABEL_RUN]
     if not namespace:
         return
-    reconciler().memory(namespace, run).last_pod = dict(body)
+    key = (namespace, body["metadata"]["name"])
+    if type == "DELETED":
+        reconciler().pods.gone(key, body)
+    else:
+        reconciler().pods.put(key, body)
     _pass(namespace, run)
 
 
 @kopf.on.event("", "v1", "nodes")
 def _on_node(type: str, body: kopf.Body, name: str, **_: Any) -> None:
     node = None if type == "DELETED" else body
+    if node is None:
+        reconciler().nodes.gone(name, body)
+    else:
+        reconciler().nodes.put(name, node)
     for namespace, run in reconciler().node_changed(node, name):
         _pass(namespace, run)
-
-
-@kopf.timer(
-    api.GROUP,
-    api.VERSION,
-    api.PLURAL,
-    interval=float(os.environ.get("TRAININGRUN_RESYNC_SECONDS", "10")),
-)
-def _tick(namespace: str | None, name: str, **_: Any) -> None:
-    if namespace:
-        _pass(namespace, name)

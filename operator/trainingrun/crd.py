@@ -94,6 +94,16 @@ RULES: dict[str, list[dict[str, str]]] = {
     ],
 }
 
+# Pod names are <run>-<attempt> and the run name is a label value (at most 63 characters).
+MAX_RUN_NAME = 52
+NAME_RULE = {
+    "rule": f"self.metadata.name.size() <= {MAX_RUN_NAME}",
+    "message": (
+        f"metadata.name must be at most {MAX_RUN_NAME} characters: pod names are "
+        "<run>-<attempt> and the run name is a label value"
+    ),
+}
+
 PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
     {"name": "Attempt", "type": "integer", "jsonPath": ".status.attempt"},
@@ -188,6 +198,7 @@ def build_crd() -> dict[str, Any]:
                                 "per attempt, resumed from the newest verified checkpoint."
                             ),
                             "required": ["spec"],
+                            "x-kubernetes-validations": [NAME_RULE],
                             "properties": {
                                 "apiVersion": {"type": "string"},
                                 "kind": {"type": "string"},

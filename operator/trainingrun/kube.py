@@ -28,13 +28,24 @@ class Forbidden(Exception):
     """403: RBAC, quota, a terminating namespace or admission; may pass later."""
 
 
-def load_config(kubeconfig: str | None = None) -> client.ApiClient:
-    """In-cluster config when running in a pod, else the kubeconfig (KUBECONFIG or given)."""
+def load_config(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    """In-cluster config when running in a pod, else the kubeconfig (KUBECONFIG or given).
+    The connection pool is as large as the worker pool: urllib3's default of 4 makes every
+    extra worker open (and TLS-handshake) a new connection per call."""
+    configuration = client.Configuration()
     try:
-        config.load_incluster_config()
-        return client.ApiClient()
+        config.load_incluster_config(client_configuration=configuration)
     except config.ConfigException:
-        return config.new_client_from_config(config_file=kubeconfig)
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
+
+
+def _json(response: Any) -> dict[str, Any]:
+    """Decodes a raw response: the generated model classes are slow and large for what the
+    operator needs, which is the API JSON itself."""
+    data: dict[str, Any] = json.loads(response.data)
+    return data
 
 
 def _message(err: ApiException) -> str:
@@ -54,41 +65,55 @@ class Kube:
 
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            run: dict[str, Any] = self.custom.get_namespaced_custom_object(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name
+            return _json(
+                self.custom.get_namespaced_custom_object(
+                    api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
+                )
             )
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        return run
 
-    def patch_run_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
-        """JSON merge patch of the status subresource; None values remove fields."""
+    def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """JSON merge patch of the status subresource (None values remove fields); returns the
+        updated run, or None when the run is gone."""
         try:
-            self.custom.patch_namespaced_custom_object_status(
-                api.GROUP, api.VERSION, namespace, api.PLURAL, name, {"status": status}
+            return _json(
+                self.custom.patch_namespaced_custom_object_status(
+                    api.GROUP,
+                    api.VERSION,
+                    namespace,
+                    api.PLURAL,
+                    name,
+                    {"status": status},
+                    _preload_content=False,
+                )
             )
         except ApiException as e:
-            if e.status != 404:  # the run was deleted meanwhile: nothing to record
-                raise
+            if e.status == 404:  # the run was deleted meanwhile: nothing to record
+                return None
+            raise
 
     # -- Pods -------------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
         try:
-            pod = self.core.read_namespaced_pod(name, namespace)
+            return _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        return self._plain(pod)
 
     def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Creates the pod, or returns the one that exists under its name. (pod, created)."""
         meta = pod["metadata"]
         try:
-            created = self.core.create_namespaced_pod(meta["namespace"], pod)
+            created = _json(
+                self.core.create_namespaced_pod(meta["namespace"], pod, _preload_content=False)
+            )
         except ApiException as e:
             if e.status == 409:
                 existing = self.get_pod(meta["namespace"], meta["name"])
@@ -99,7 +124,7 @@ class Kube:
             if e.status == 403:
                 raise Forbidden(_message(e)) from e
             raise
-        return self._plain(created), True
+        return created, True
 
     def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
         try:
@@ -120,21 +145,22 @@ class Kube:
                 raise
 
     def run_pods_on_node(self, node: str, label: str) -> list[dict[str, Any]]:
-        pods = self.core.list_pod_for_all_namespaces(
-            field_selector=f"spec.nodeName={node}", label_selector=label
+        pods = _json(
+            self.core.list_pod_for_all_namespaces(
+                field_selector=f"spec.nodeName={node}", label_selector=label, _preload_content=False
+            )
         )
-        return [self._plain(p) for p in pods.items]
+        return list(pods.get("items") or [])
 
     # -- Nodes and Secrets ------------------------------------------------------------------
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         try:
-            node = self.core.read_node(name)
+            return _json(self.core.read_node(name, _preload_content=False))
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        return self._plain(node)
 
     def get_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
         """The Secret's data, base64-decoded; None when it does not exist. Never logged."""
@@ -150,35 +176,28 @@ class Kube:
 
     def event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = run["metadata"]
-        now = datetime.now(UTC)
-        body = client.CoreV1Event(
-            metadata=client.V1ObjectMeta(
-                generate_name=f"{meta['name']}.", namespace=meta["namespace"]
-            ),
-            involved_object=client.V1ObjectReference(
-                api_version=f"{api.GROUP}/{api.VERSION}",
-                kind=api.KIND,
-                name=meta["name"],
-                namespace=meta["namespace"],
-                uid=meta["uid"],
-            ),
-            type=type_,
-            reason=reason,
-            message=message[:1024],
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=client.V1EventSource(component="trainingrun-operator"),
-            reporting_component="trainingrun.dev/operator",
-            reporting_instance="trainingrun-operator",
-        )
+        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        body = {
+            "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+            "involvedObject": {
+                "apiVersion": f"{api.GROUP}/{api.VERSION}",
+                "kind": api.KIND,
+                "name": meta["name"],
+                "namespace": meta["namespace"],
+                "uid": meta["uid"],
+            },
+            "type": type_,
+            "reason": reason,
+            "message": message[:1024],
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "trainingrun-operator"},
+            "reportingComponent": "trainingrun.dev/operator",
+            "reportingInstance": "trainingrun-operator",
+        }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body)
+            self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
         except ApiException as e:
             if e.status not in (403, 404):  # Events are best effort
                 raise
-
-    def _plain(self, obj: Any) -> dict[str, Any]:
-        """API JSON (camelCase), as the pure code expects."""
-        plain: dict[str, Any] = self.api_client.sanitize_for_serialization(obj)
-        return plain

@@ -1,0 +1,190 @@
+"""Benchmark: how fast the operator replaces a failed attempt, with many TrainingRuns.
+
+Creates N TrainingRuns (default 500) spread over kwok nodes, waits until every attempt-1 pod
+runs, then marks those pods Failed one by one at a fixed rate (as a kubelet would) and measures,
+for each, the time from the Failed status write to the replacement pod ``<run>-2`` appearing in
+a watch. Reports p50, p99 and max of that latency, and the operator process's peak RSS (VmHWM).
+
+    .venv/bin/python -m tests.bench_operator [--runs 500] [--rate 20] [--write docs/benchmarks.md]
+
+Uses the local environment (``make cluster``), starting it when it is not up. Every loop is
+bounded in count and time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config, watch
+
+from tests import localenv
+from tests.integration.support import OperatorProcess, trainingrun
+from trainingrun import api
+
+REPO = Path(__file__).resolve().parent.parent
+SECTION = "## Operator: failed attempt to replacement pod"
+
+
+def peak_rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument("--rate", type=float, default=20.0, help="failures injected per second")
+    parser.add_argument("--timeout", type=float, default=900.0, help="bound on the whole run (s)")
+    parser.add_argument("--write", type=Path, help="append the results to this markdown file")
+    args = parser.parse_args(argv)
+    deadline = time.monotonic() + args.timeout
+
+    env = localenv.up()
+    env.kubectl("apply", "-f", str(REPO / "crds" / "trainingrun.yaml"))
+    env.kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/trainingruns.trainingrun.dev")
+    api_client = config.new_client_from_config(config_file=env.kubeconfig)
+    core = client.CoreV1Api(api_client)
+    custom = client.CustomObjectsApi(api_client)
+
+    ns = f"bench-{uuid.uuid4().hex[:6]}"
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
+    core.create_namespaced_secret(
+        ns,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name="s3creds"),
+            string_data={"AWS_ACCESS_KEY_ID": env.s3_access_key, "AWS_SECRET_ACCESS_KEY": env.s3_secret_key},
+        ),
+    )
+    nodes = [f"bench-{ns}-{i}" for i in range(args.nodes)]
+    for n in nodes:
+        core.create_node(
+            client.V1Node(
+                metadata=client.V1ObjectMeta(
+                    name=n,
+                    annotations={localenv.KWOK_NODE_ANNOTATION: "fake"},
+                    labels={"type": "kwok", "bench": ns},
+                ),
+            )
+        )
+
+    log_path = REPO / "out" / "bench-operator.log"
+    log_path.parent.mkdir(exist_ok=True)
+    op = OperatorProcess(env, log_path, extra_env={"TRAININGRUN_RESYNC_SECONDS": "30", "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "30"})
+    op.start()
+    assert op.proc is not None
+    created_at: dict[str, float] = {}
+    stop = threading.Event()
+
+    def watch_pods() -> None:
+        w = watch.Watch()
+        while not stop.is_set() and time.monotonic() < deadline:
+            for ev in w.stream(core.list_namespaced_pod, ns, timeout_seconds=5):
+                if ev["type"] == "ADDED":
+                    created_at.setdefault(ev["object"].metadata.name, time.monotonic())
+                if stop.is_set():
+                    break
+
+    watcher = threading.Thread(target=watch_pods, daemon=True)
+    watcher.start()
+    try:
+        names = [f"r{i:04d}" for i in range(args.runs)]
+        t0 = time.monotonic()
+        for name in names:
+            body = trainingrun(
+                name,
+                env,
+                f"bench-{ns}",
+                restart_policy={"maxRestarts": 10, "crashLoopLimit": 10, "backoff": {"initialSeconds": 0, "maxSeconds": 0}},
+            )
+            body["spec"]["template"]["spec"]["nodeSelector"] = {"bench": ns}
+            custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, body)
+        print(f"created {args.runs} TrainingRuns in {time.monotonic() - t0:.1f}s", flush=True)
+
+        def running() -> int:
+            pods = core.list_namespaced_pod(ns, label_selector="trainingrun.dev/attempt=1").items
+            return sum(1 for p in pods if p.status.phase == "Running")
+
+        while (count := running()) < args.runs:
+            if time.monotonic() > deadline:
+                raise SystemExit(f"only {count}/{args.runs} attempt-1 pods running before the timeout")
+            print(f"  {count}/{args.runs} attempt-1 pods running", flush=True)
+            time.sleep(3)
+        print(f"all {args.runs} attempt-1 pods running after {time.monotonic() - t0:.1f}s", flush=True)
+
+        failed_at: dict[str, float] = {}
+        interval = 1.0 / args.rate
+        t_start = time.monotonic()
+        for i, name in enumerate(names):
+            target = t_start + i * interval
+            time.sleep(max(0.0, target - time.monotonic()))
+            core.patch_namespaced_pod_status(
+                f"{name}-1",
+                ns,
+                {
+                    "status": {
+                        "phase": "Failed",
+                        "containerStatuses": [
+                            {
+                                "name": "trainer",
+                                "ready": False,
+                                "restartCount": 0,
+                                "image": "example.invalid/trainer:1",
+                                "imageID": "",
+                                "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
+                            }
+                        ],
+                    }
+                },
+            )
+            failed_at[name] = time.monotonic()
+        while sum(1 for n in names if f"{n}-2" in created_at) < args.runs and time.monotonic() < deadline:
+            time.sleep(0.5)
+        latencies = [created_at[f"{n}-2"] - failed_at[n] for n in names if f"{n}-2" in created_at]
+        missing = args.runs - len(latencies)
+        rss = peak_rss_mb(op.proc.pid)
+    finally:
+        stop.set()
+        op.stop()
+        core.delete_namespace(ns)
+        for n in nodes:
+            try:
+                core.delete_node(n)
+            except client.ApiException:
+                pass
+
+    p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
+    lines = [
+        f"- runs: {args.runs} on {args.nodes} kwok nodes; failures injected at {args.rate:g}/s",
+        f"- failed pod to replacement pod: p50 {p50:.3f} s, p99 {p99:.3f} s, max {max(latencies):.3f} s, "
+        f"mean {statistics.mean(latencies):.3f} s; replacements missing: {missing}",
+        f"- operator peak RSS (VmHWM): {rss:.0f} MB",
+        "- targets: p99 <= 2 s, RSS <= 200 MB: "
+        + ("met" if p99 <= 2 and rss <= 200 and missing == 0 else "NOT met"),
+    ]
+    print("\n".join(lines))
+    if args.write:
+        cmd = "python -m tests.bench_operator " + " ".join(argv if argv is not None else sys.argv[1:])
+        stamp = time.strftime("%Y-%m-%d", time.gmtime())
+        text = f"\n{SECTION} ({stamp})\n\nCommand: `{cmd.strip()}` (2 cores, local kwok control plane)\n\n" + "\n".join(lines) + "\n"
+        with args.write.open("a") as f:
+            f.write(text)
+    return 0 if missing == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
