@@ -39,10 +39,8 @@ cluster-down: venv ## Stop every process of the local environment and remove its
 cluster-status: venv ## Show the local environment (nodes, namespaces, S3 endpoint)
 	$(BIN)/python -m tests.localenv status
 
-demo: cluster ## The main job on the local environment (see README)
-	$(BIN)/python -m tests.localenv status
-	@echo "Look around:  eval \"\$$($(BIN)/python -m tests.localenv env)\"; kubectl get nodes"
-	@echo "Tear down:    make cluster-down"
+demo: cluster ## The main job: a TrainingRun kept alive through a preemption and a failure
+	$(BIN)/python -m tests.demo
 
 crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api.py
 	$(BIN)/python -m trainingrun.crd > crds/trainingrun.yaml

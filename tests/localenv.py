@@ -422,10 +422,34 @@ def up() -> LocalEnv:
     return env
 
 
+def start_operator(env: LocalEnv) -> int:
+    """Starts ``trainingrun operator`` against the environment in the background (once); its
+    log is operator.log in the state folder. Returns its pid."""
+    sdir = state_dir(env.name)
+    pid_file = sdir / "operator.pid"
+    if pid_file.exists() and _pid_alive(int(pid_file.read_text() or 0)):
+        return int(pid_file.read_text())
+    log = (sdir / "operator.log").open("ab")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "trainingrun.cli", "operator"],
+        env={**os.environ, "KUBECONFIG": env.kubeconfig},
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    pid_file.write_text(str(proc.pid))
+    _log(f"operator started (pid {proc.pid}, log {sdir / 'operator.log'})")
+    return proc.pid
+
+
 def down(quiet: bool = False) -> None:
     """Stops every process of this checkout's environment and removes its state."""
     name = env_name()
     sdir = state_dir(name)
+    operator_pid = sdir / "operator.pid"
+    if operator_pid.exists():
+        with contextlib.suppress(ValueError):
+            _stop_pid(int(operator_pid.read_text() or 0))
     env_file = sdir / "env.json"
     if env_file.exists():
         with contextlib.suppress(Exception):

@@ -9,6 +9,7 @@ Passes for one run are serialised by a lock; passes for different runs run in pa
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 import logging
 import os
@@ -28,6 +29,7 @@ from trainingrun import api
 from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
 from trainingrun.decide.classify import NOTICE_ANNOTATION, classify, node_not_ready, node_notice
 from trainingrun.decide.pod import (
+    LABEL_ATTEMPT,
     LABEL_RUN,
     AgentSettings,
     RunRef,
@@ -38,7 +40,7 @@ from trainingrun.decide.pod import (
 )
 from trainingrun.decide.reconcile import Observed, invalid_spec, is_finished, plan, started
 from trainingrun.kube import Forbidden, Invalid, Kube, load_config
-from trainingrun.manifest import ManifestError
+from trainingrun.manifest import ManifestError, RunManifest
 from trainingrun.storage import (
     Credentials,
     Location,
@@ -51,6 +53,9 @@ from trainingrun.storage import (
 )
 
 log = logging.getLogger("trainingrun.operator")
+
+# Credentials are re-read this often, so a rotated or newly created Secret is picked up.
+SECRET_TTL_SECONDS = 30.0
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,12 @@ class Cache:
                 return None, True
             return None, False
 
+    def seen(self, key: Any, obj: Mapping[str, Any]) -> bool:
+        """True when the cache already holds this very version of the object."""
+        with self._lock:
+            old = self._live.get(key)
+            return old is not None and _rv(old) == _rv(obj) >= 0
+
     def keys(self) -> list[Any]:
         with self._lock:
             return list(self._live)
@@ -129,6 +140,8 @@ class Cache:
 @dataclass
 class _RunMemory:
     lock: threading.Lock = field(default_factory=threading.Lock)
+    running: bool = False  # a pass is in flight
+    dirty: bool = False  # something happened during it: run one more pass after it
     checkpoint_read_at: float = 0.0
 
 
@@ -140,6 +153,7 @@ class Reconciler:
         self._memory_lock = threading.Lock()
         self._stores: dict[tuple[str | None, str | None, str, str], Store] = {}
         self.runs = Cache()
+        self._secrets: dict[tuple[str, str], tuple[float, dict[str, str] | None]] = {}
         self.pods = Cache()
         self.nodes = Cache()
 
@@ -151,6 +165,13 @@ class Reconciler:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
         self.runs.gone((namespace, name), None)
+
+    def is_old_attempt(self, namespace: str, run: str, pod: Mapping[str, Any]) -> bool:
+        """A pod of an attempt before the run's current one (by the cached status)."""
+        cached, _ = self.runs.get((namespace, run))
+        current = int(((cached or {}).get("status") or {}).get("attempt") or 0)
+        label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT, "")
+        return label.isdigit() and current > 0 and int(label) < current
 
     def _get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
         run, known = self.runs.get((namespace, name))
@@ -190,7 +211,7 @@ class Reconciler:
         storage = spec.checkpoint.storage
         creds = None
         if storage.credentials_secret:
-            data = self.kube.get_secret_data(namespace, storage.credentials_secret)
+            data = self._secret(namespace, storage.credentials_secret)
             if data is None:
                 raise MissingSecret(
                     f"Secret {namespace}/{storage.credentials_secret} named by "
@@ -204,16 +225,36 @@ class Reconciler:
                     f"Secret {namespace}/{storage.credentials_secret} has no key {e.args[0]}"
                 ) from e
         loc = parse_uri(storage.uri)
-        key = (storage.endpoint, storage.region, creds.access_key if creds else "", loc.bucket)
+        fingerprint = (
+            hashlib.sha256(f"{creds.access_key}:{creds.secret_key}".encode()).hexdigest()
+            if creds
+            else ""
+        )
+        key = (storage.endpoint, storage.region, fingerprint, loc.bucket)
         store = self._stores.get(key)
         if store is None:
             store = Store(make_client(storage.endpoint, storage.region, creds), loc.bucket)
             self._stores[key] = store
         return store, loc
 
-    def _latest(self, ref: RunRef) -> CheckpointRef | None:
+    def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
+        """The Secret's data, read at most once per ``SECRET_TTL_SECONDS`` per Secret: every
+        pass needs the credentials, and reading them each time loads the API server."""
+        key = (namespace, name)
+        now = time.monotonic()
+        cached = self._secrets.get(key)
+        if cached and now - cached[0] < SECRET_TTL_SECONDS:
+            return cached[1]
+        data = self.kube.get_secret_data(namespace, name)
+        self._secrets[key] = (now, data)
+        return data
+
+    def _read_manifest(self, ref: RunRef) -> RunManifest | None:
         store, _ = self.store_for(ref.namespace, ref.spec)
-        manifest = read_run_manifest(store, parse_uri(run_prefix(ref)))
+        return read_run_manifest(store, parse_uri(run_prefix(ref)))
+
+    @staticmethod
+    def _latest(ref: RunRef, manifest: RunManifest | None) -> CheckpointRef | None:
         entry = manifest.latest if manifest else None
         if entry is None:
             return None
@@ -224,10 +265,50 @@ class Reconciler:
     # -- one pass ----------------------------------------------------------------------------
 
     def reconcile(self, namespace: str, name: str) -> float | None:
-        """One pass for one run; returns seconds until it wants another, if any."""
+        """Passes for one run until nothing new happened during the last; returns seconds
+        until it wants another, if any. At most one pass per run is in flight: a trigger that
+        arrives meanwhile marks the run dirty and returns at once (a work queue's semantics),
+        so a burst of events for one run costs two passes, not one per event."""
         mem = self.memory(namespace, name)
         with mem.lock:
-            return self._reconcile(namespace, name, mem)
+            if mem.running:
+                mem.dirty = True
+                return None
+            mem.running = True
+        try:
+            while True:
+                again = self._reconcile(namespace, name, mem)
+                with mem.lock:
+                    if not mem.dirty:
+                        mem.running = False
+                        return again
+                    mem.dirty = False
+        except BaseException:
+            with mem.lock:
+                mem.running = mem.dirty = False
+            raise
+
+    def _observe_attempt(
+        self, namespace: str, name: str, status: TrainingRunStatus, spec: TrainingRunSpec
+    ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+        """(pod of the current attempt, its node, node deleted). A deleted pod is given by its
+        last state when that state says how it ended, else as None."""
+        current = pod_name(name, status.attempt)
+        if not status.attempt or (
+            status.active_pod != current and not self.pods.get((namespace, current))[1]
+        ):
+            # Not created yet as far as the status knows; a create answers 409 if it was.
+            return None, None, False
+        pod = self._get_pod(namespace, current)
+        if pod is not None and not pod.get("metadata"):
+            pod = None  # deleted, last state unknown
+        if pod is not None and self.pods.last((namespace, current)) is pod:
+            pod = pod if self._ended(pod, spec) else None
+        node_name = ((pod or {}).get("spec") or {}).get("nodeName")
+        if not node_name:
+            return pod, None, False
+        node, node_deleted = self._get_node(node_name)
+        return pod, node, node_deleted
 
     def _reconcile(self, namespace: str, name: str, mem: _RunMemory) -> float | None:
         run = self._get_run(namespace, name)
@@ -250,19 +331,9 @@ class Reconciler:
             return self._fail_invalid(run, status, generation, f"{where}: {err['msg']}", now)
         ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
 
-        pod = None
-        if status.attempt:
-            pod = self._get_pod(namespace, pod_name(name, status.attempt))
-            if pod is not None and not pod.get("metadata"):
-                pod = None  # deleted, last state unknown
-            if pod is not None and self.pods.last((namespace, pod["metadata"]["name"])) is pod:
-                pod = pod if self._ended(pod, spec) else None
-        node, node_deleted = None, False
-        node_name = ((pod or {}).get("spec") or {}).get("nodeName")
-        if node_name:
-            node, node_deleted = self._get_node(node_name)
+        pod, node, node_deleted = self._observe_attempt(namespace, name, status, spec)
 
-        latest = None
+        latest, manifest, manifest_read = None, None, False
         ended = (pod is None and status.active_pod) or (
             pod is not None and self._ended(pod, spec, node, node_deleted)
         )
@@ -271,7 +342,9 @@ class Reconciler:
         )
         if ended or refresh_due or status.attempt == 0:
             try:
-                latest = self._latest(ref)
+                manifest = self._read_manifest(ref)
+                manifest_read = True
+                latest = self._latest(ref, manifest)
                 mem.checkpoint_read_at = time.monotonic()
             except MissingSecret as e:
                 return self._fail_invalid(
@@ -295,7 +368,7 @@ class Reconciler:
         self._write_status(namespace, name, raw_status, p.status)
         for ev in p.events:
             self.kube.event(run, ev.type, ev.reason, ev.message)
-        if p.delete_pod:
+        if p.delete_pod and self.pods.get((namespace, p.delete_pod))[0] is not None:
             self.kube.delete_pod(
                 namespace,
                 p.delete_pod,
@@ -306,7 +379,7 @@ class Reconciler:
         if p.create_attempt != p.status.attempt:
             raise AssertionError("plan asked for a pod of another attempt than the status records")
         # The status write above landed: only now may the pod of the new attempt exist.
-        return self._start_attempt(run, ref, obs, p.status)
+        return self._start_attempt(run, ref, obs, p.status, manifest if manifest_read else None)
 
     def _ended(
         self,
@@ -321,14 +394,23 @@ class Reconciler:
         return outcome.ended
 
     def _start_attempt(
-        self, run: dict[str, Any], ref: RunRef, obs: Observed, status: TrainingRunStatus
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        status: TrainingRunStatus,
+        manifest: RunManifest | None,
     ) -> float | None:
+        """Creates the pod of ``status.attempt`` from the newest usable checkpoint; ``manifest``
+        is the run manifest this pass already read, if it read one."""
         namespace, name = ref.namespace, ref.name
         try:
             store, _ = self.store_for(namespace, ref.spec)
-            choice = choose_checkpoint(
-                store, parse_uri(run_prefix(ref)), set(status.bad_checkpoints)
-            )
+            loc, bad = parse_uri(run_prefix(ref)), set(status.bad_checkpoints)
+            if manifest is None:
+                choice = choose_checkpoint(store, loc, bad)
+            else:
+                choice = choose_checkpoint(store, loc, bad, manifest)
         except MissingSecret as e:
             return self._fail_invalid(
                 run, status, obs.generation, str(e), obs.now, reason="MissingSecret"
@@ -499,17 +581,26 @@ def _pass(namespace: str, name: str) -> None:
         _scheduler.later(again, (namespace, name))
 
 
+def _enqueue(namespace: str, name: str) -> None:
+    """Hands a pass to the scheduler's workers: kopf's threads only record what they saw."""
+    if _scheduler is None:
+        raise RuntimeError("operator not started")
+    _scheduler.later(0.0, (namespace, name))
+
+
 @kopf.on.startup()
 def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _reconciler  # noqa: PLW0603 - one reconciler per operator process
     settings.posting.enabled = False  # Events are posted by Kube.event, after the status write
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.execution.max_workers = int(os.environ.get("TRAININGRUN_WORKERS", "16"))
+    settings.execution.max_workers = 4  # handlers only update caches and enqueue
     op_settings = OperatorSettings.from_env()
     _reconciler = Reconciler(Kube(load_config()), op_settings)
     global _scheduler  # noqa: PLW0603
-    _scheduler = Scheduler(_pass, op_settings.resync_seconds)
+    _scheduler = Scheduler(
+        _pass, op_settings.resync_seconds, workers=int(os.environ.get("TRAININGRUN_WORKERS", "8"))
+    )
     _scheduler.start()
 
 
@@ -526,8 +617,10 @@ def _on_run(type: str, body: kopf.Body, namespace: str | None, name: str, **_: A
     if type == "DELETED":
         reconciler().forget(namespace, name)
         return
+    if reconciler().runs.seen((namespace, name), body):
+        return  # the echo of the operator's own status write: nothing new
     reconciler().runs.put((namespace, name), body)
-    _pass(namespace, name)
+    _enqueue(namespace, name)
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_RUN: kopf.PRESENT})
@@ -540,7 +633,9 @@ def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -> None
         reconciler().pods.gone(key, body)
     else:
         reconciler().pods.put(key, body)
-    _pass(namespace, run)
+    if reconciler().is_old_attempt(namespace, run, body):
+        return  # the run has moved on to a newer attempt
+    _enqueue(namespace, run)
 
 
 @kopf.on.event("", "v1", "nodes")
@@ -551,4 +646,4 @@ def _on_node(type: str, body: kopf.Body, name: str, **_: Any) -> None:
     else:
         reconciler().nodes.put(name, node)
     for namespace, run in reconciler().node_changed(node, name):
-        _pass(namespace, run)
+        _enqueue(namespace, run)

@@ -44,7 +44,12 @@ def load_config(kubeconfig: str | None = None, pool_size: int = 32) -> client.Ap
 def _json(response: Any) -> dict[str, Any]:
     """Decodes a raw response: the generated model classes are slow and large for what the
     operator needs, which is the API JSON itself."""
-    data: dict[str, Any] = json.loads(response.data)
+    try:
+        data: dict[str, Any] = json.loads(response.data)
+    finally:
+        # Without preloading, urllib3 keeps the connection until told: give it back to the
+        # pool, or the next call opens (and TLS-handshakes) a new one.
+        response.release_conn()
     return data
 
 
@@ -197,7 +202,9 @@ class Kube:
             "reportingInstance": "trainingrun-operator",
         }
         try:
-            self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+            _json(
+                self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
+            )
         except ApiException as e:
             if e.status not in (403, 404):  # Events are best effort
                 raise

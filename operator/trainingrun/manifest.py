@@ -115,8 +115,8 @@ def _parse(model: type[_Model], data: bytes, what: str) -> Any:
     if not isinstance(raw, dict):
         raise ManifestError(f"{what} must be a JSON object, got {type(raw).__name__}")
     version = raw.get("version")
-    if not isinstance(version, int):
-        raise ManifestError(f"{what} has no integer 'version'")
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+        raise ManifestError(f"{what} has no positive integer 'version'")
     if version > MANIFEST_VERSION:
         raise ManifestError(
             f"{what} has version {version}, newer than the {MANIFEST_VERSION} this build reads: "

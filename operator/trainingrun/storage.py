@@ -245,10 +245,16 @@ class Choice:
     rejected: list[tuple[int, str]]  # (step, why) of newer committed entries passed over
 
 
-def choose_checkpoint(store: Store, run: Location, bad_steps: set[int]) -> Choice:
+_UNREAD = RunManifest(version=-1)
+
+
+def choose_checkpoint(
+    store: Store, run: Location, bad_steps: set[int], manifest: RunManifest | None = _UNREAD
+) -> Choice:
     """The newest committed checkpoint not marked bad whose objects exist with the recorded sizes;
-    older committed entries are tried in turn."""
-    manifest = read_run_manifest(store, run)
+    older committed entries are tried in turn. ``manifest``: one the caller just read."""
+    if manifest is _UNREAD:
+        manifest = read_run_manifest(store, run)
     if manifest is None:
         return Choice(None, None, [])
     rejected: list[tuple[int, str]] = []

@@ -141,3 +141,10 @@ def test_valid_trainingrun_is_accepted_with_defaults(
     assert got["spec"]["restartPolicy"]["backoff"]["maxSeconds"] == 300
     assert "karpenter.sh/disrupted" in got["spec"]["preemption"]["noticeTaints"]
 
+
+def test_example_manifest_is_accepted(localenv: LocalEnv, crd: str, namespace: str) -> None:
+    proc = localenv.kubectl_run(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "examples/trainingrun.yaml"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "finetune-demo" in proc.stdout

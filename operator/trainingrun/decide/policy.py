@@ -99,8 +99,14 @@ def decide(
         return Decision(Action.RESUBMIT, new, "Preempted", f"{outcome.reason}: {outcome.message}")
     if outcome.end is End.FAILED:
         restarts = counters.restarts + 1
-        progressed = latest_step is not None and (resume_step is None or latest_step > resume_step)
-        streak = 1 if progressed else counters.consecutive_failures + 1
+        # Progress: a checkpoint newer than the one the attempt started from, and not one that
+        # failed verification (it cannot be resumed from, so it does not end a crash loop).
+        progressed = (
+            latest_step is not None
+            and latest_step not in counters.bad_checkpoints
+            and (resume_step is None or latest_step > resume_step)
+        )
+        streak = 0 if progressed else counters.consecutive_failures + 1
         new = Counters(restarts, counters.preemptions, streak, counters.bad_checkpoints)
         if restarts > policy.max_restarts:
             return Decision(
@@ -122,6 +128,6 @@ def decide(
             new,
             "Failed",
             f"{outcome.reason}: {outcome.message}",
-            delay_seconds=backoff_seconds(policy, streak),
+            delay_seconds=backoff_seconds(policy, max(streak, 1)),
         )
     raise ValueError(f"decide() needs an ended attempt, got {outcome.end}")

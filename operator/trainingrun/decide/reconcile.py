@@ -164,7 +164,9 @@ def plan(obs: Observed) -> Plan:
     )
     if not outcome.ended:
         resume = _resume_step(obs.pod)
-        conds = _conditions_for_end(status, obs, True, "AttemptRunning", f"pod {current}")
+        conds = status.conditions
+        if not _is_true(status, RUNNING):  # keep the Started/Resumed reason while it runs
+            conds = _conditions_for_end(status, obs, True, "AttemptRunning", f"pod {current}")
         new = _with(
             status,
             obs,
@@ -199,11 +201,14 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         tuple(status.bad_checkpoints),
     )
     latest_step = status.latest_checkpoint.step if status.latest_checkpoint else None
+    # The pod's annotation is the record of what it resumed from, even when the status write
+    # after its creation was lost.
+    resume_step = status.resume_step if status.resume_step is not None else _resume_step(obs.pod)
     d = decide(
         outcome,
         counters,
         obs.spec.restart_policy,
-        resume_step=status.resume_step,
+        resume_step=resume_step,
         latest_step=latest_step,
     )
     c = d.counters

@@ -1,0 +1,422 @@
+"""classify(): how an attempt ended, from the pod and its node as API JSON.
+
+Covers every row of the table in ``trainingrun.decide.classify`` and the cases around them:
+
+- trainer exit 0 (or pod Succeeded) -> Succeeded, also on a noticed or failing node;
+- non-zero exit -> Failed "Error" (with the termination message), OOMKilled, a failed user
+  init container, a failed pod without container statuses;
+- DisruptionTarget with each reason the control plane sets -> Preempted with that reason, also
+  when the trainer then exited non-zero; a DisruptionTarget that is not True is ignored;
+- pod gone, node deleted, node NotReady/Unknown, ``status.reason`` Shutdown/Evicted/NodeLost/
+  Terminated/Preempting -> Preempted;
+- a notice taint on the node or the notice annotation, then an end -> Preempted; a notice alone
+  (still running) is not an end; taints outside ``notice_taints`` are not notices;
+- the restore exiting with the checkpoint-bad code -> CheckpointBad, any other restore exit ->
+  Failed;
+- image and config errors on any container -> Permanent;
+- running, pending, container creating -> NotEnded.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from tests.unit.builders import make_node, make_pod
+from trainingrun.api import DEFAULT_NOTICE_TAINTS
+from trainingrun.decide.classify import (
+    RESTORE_EXIT_CHECKPOINT_BAD,
+    SYNC_CONTAINER,
+    End,
+    Outcome,
+    classify,
+)
+
+SPOT_TAINT = "aws-node-termination-handler/spot-itn"
+
+
+@dataclass(frozen=True)
+class Case:
+    pod: dict[str, Any] | None
+    end: End
+    reason: str
+    node: dict[str, Any] | None = None
+    node_deleted: bool = False
+    message_has: str = ""
+
+
+def _classify(case: Case) -> Outcome:
+    return classify(
+        case.pod,
+        node=case.node,
+        node_deleted=case.node_deleted,
+        notice_taints=DEFAULT_NOTICE_TAINTS,
+    )
+
+
+ready_node = make_node("n1").build()
+
+CASES = [
+    # -- Succeeded --------------------------------------------------------------------------
+    pytest.param(
+        Case(make_pod().trainer_exited(0).build(), End.SUCCEEDED, "Succeeded", ready_node),
+        id="trainer-exit-0-succeeds",
+    ),
+    pytest.param(
+        Case(make_pod().phase("Succeeded").on_node().build(), End.SUCCEEDED, "Succeeded"),
+        id="pod-phase-succeeded-without-container-statuses-succeeds",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(0).build(),
+            End.SUCCEEDED,
+            "Succeeded",
+            make_node().tainted(SPOT_TAINT).build(),
+        ),
+        id="trainer-exit-0-after-notice-taint-still-succeeds",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(0).build(),
+            End.SUCCEEDED,
+            "Succeeded",
+            make_node().not_ready().build(),
+        ),
+        id="trainer-exit-0-on-not-ready-node-still-succeeds",
+    ),
+    # -- Failed -----------------------------------------------------------------------------
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(1).build(),
+            End.FAILED,
+            "Error",
+            ready_node,
+            message_has="exited 1",
+        ),
+        id="trainer-exit-1-fails-with-error",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(2, message="CUDA error: device-side assert\n").build(),
+            End.FAILED,
+            "Error",
+            ready_node,
+            message_has="CUDA error: device-side assert",
+        ),
+        id="trainer-failure-message-carries-termination-message",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(137).build(),
+            End.FAILED,
+            "Error",
+            ready_node,
+            message_has="137",
+        ),
+        id="trainer-sigkill-without-oom-fails-with-error",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(143).build(),
+            End.FAILED,
+            "Error",
+            ready_node,
+            message_has="143",
+        ),
+        id="trainer-sigterm-without-notice-fails-with-error",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(137, reason="OOMKilled").build(),
+            End.FAILED,
+            "OOMKilled",
+            ready_node,
+            message_has="out of memory",
+        ),
+        id="trainer-oomkilled-fails-with-oomkilled",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(1, phase="Running").build(),
+            End.FAILED,
+            "Error",
+            ready_node,
+        ),
+        id="trainer-terminated-while-sidecar-keeps-pod-running-fails",
+    ),
+    pytest.param(
+        Case(
+            make_pod().init_exited("download-data", 1).build(),
+            End.FAILED,
+            "InitFailed",
+            ready_node,
+            message_has="download-data",
+        ),
+        id="user-init-container-exit-1-fails-with-init-failed",
+    ),
+    pytest.param(
+        Case(
+            make_pod().restore_exited(1).build(),
+            End.FAILED,
+            "InitFailed",
+            ready_node,
+            message_has="trainingrun-restore",
+        ),
+        id="restore-exit-1-is-a-failure-not-a-bad-checkpoint",
+    ),
+    pytest.param(
+        Case(make_pod().phase("Failed").on_node().build(), End.FAILED, "PodFailed", ready_node),
+        id="failed-pod-without-container-statuses-fails",
+    ),
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(1).build(),
+            End.FAILED,
+            "Error",
+            make_node().tainted("node.kubernetes.io/unschedulable").build(),
+        ),
+        id="taint-outside-notice-list-is-not-a-notice",
+    ),
+    # -- Preempted: DisruptionTarget --------------------------------------------------------
+    *[
+        pytest.param(
+            Case(
+                make_pod().running().disrupted(reason, f"{reason} message").build(),
+                End.PREEMPTED,
+                reason,
+                ready_node,
+                message_has=f"{reason} message",
+            ),
+            id=f"disruption-target-{reason}-preempts",
+        )
+        for reason in (
+            "PreemptionByScheduler",
+            "DeletionByTaintManager",
+            "EvictionByEvictionAPI",
+            "DeletionByPodGC",
+            "TerminationByKubelet",
+        )
+    ],
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(143).disrupted("EvictionByEvictionAPI").build(),
+            End.PREEMPTED,
+            "EvictionByEvictionAPI",
+            ready_node,
+        ),
+        id="disruption-target-beats-the-non-zero-exit-it-caused",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().condition("DisruptionTarget", "False").build(),
+            End.NOT_ENDED,
+            "Running",
+            ready_node,
+        ),
+        id="disruption-target-false-is-ignored",
+    ),
+    # -- Preempted: pod or node gone --------------------------------------------------------
+    pytest.param(Case(None, End.PREEMPTED, "PodDeleted"), id="pod-gone-preempts"),
+    pytest.param(
+        Case(make_pod().running().build(), End.PREEMPTED, "NodeDeleted", None, node_deleted=True),
+        id="node-deleted-preempts",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().build(),
+            End.PREEMPTED,
+            "NodeNotReady",
+            make_node().not_ready().build(),
+        ),
+        id="node-not-ready-preempts",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().build(),
+            End.PREEMPTED,
+            "NodeNotReady",
+            make_node().unreachable().build(),
+        ),
+        id="node-ready-unknown-preempts",
+    ),
+    pytest.param(
+        Case(make_pod().build(), End.NOT_ENDED, "Pending", make_node().not_ready().build()),
+        id="unscheduled-pod-ignores-a-not-ready-node",
+    ),
+    *[
+        pytest.param(
+            Case(
+                make_pod().on_node().ended_by(reason, f"node said {reason}").build(),
+                End.PREEMPTED,
+                reason,
+                ready_node,
+                message_has=f"node said {reason}",
+            ),
+            id=f"pod-status-reason-{reason}-preempts",
+        )
+        for reason in ("Shutdown", "Evicted", "NodeLost", "Terminated", "Preempting")
+    ],
+    # -- Preempted: notice, then an end -----------------------------------------------------
+    *[
+        pytest.param(
+            Case(
+                make_pod().trainer_exited(143).build(),
+                End.PREEMPTED,
+                "PreemptionNotice",
+                make_node().tainted(taint, "NoExecute").build(),
+                message_has=taint,
+            ),
+            id=f"exit-after-notice-taint-{taint.split('/')[0]}-preempts",
+        )
+        for taint in DEFAULT_NOTICE_TAINTS
+    ],
+    pytest.param(
+        Case(
+            make_pod().trainer_exited(1).with_notice_annotation("spot-itn").build(),
+            End.PREEMPTED,
+            "PreemptionNotice",
+            ready_node,
+            message_has="spot-itn",
+        ),
+        id="exit-after-notice-annotation-preempts",
+    ),
+    pytest.param(
+        Case(
+            make_pod().phase("Failed").on_node().build(),
+            End.PREEMPTED,
+            "PreemptionNotice",
+            make_node().tainted(SPOT_TAINT).build(),
+        ),
+        id="failed-pod-after-notice-taint-preempts",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().build(),
+            End.NOT_ENDED,
+            "Running",
+            make_node().tainted(SPOT_TAINT).build(),
+        ),
+        id="notice-taint-alone-is-not-an-end",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().with_notice_annotation().build(),
+            End.NOT_ENDED,
+            "Running",
+            ready_node,
+        ),
+        id="notice-annotation-alone-is-not-an-end",
+    ),
+    # -- CheckpointBad ----------------------------------------------------------------------
+    pytest.param(
+        Case(
+            make_pod()
+            .restore_exited(
+                RESTORE_EXIT_CHECKPOINT_BAD, message="model.safetensors: checksum mismatch\n"
+            )
+            .build(),
+            End.CHECKPOINT_BAD,
+            "CheckpointBad",
+            ready_node,
+            message_has="model.safetensors: checksum mismatch",
+        ),
+        id="restore-exit-3-is-a-bad-checkpoint",
+    ),
+    pytest.param(
+        Case(
+            make_pod().restore_exited(RESTORE_EXIT_CHECKPOINT_BAD).build(),
+            End.CHECKPOINT_BAD,
+            "CheckpointBad",
+            ready_node,
+            message_has="corrupt",
+        ),
+        id="restore-exit-3-without-message-is-a-bad-checkpoint",
+    ),
+    # -- Permanent --------------------------------------------------------------------------
+    *[
+        pytest.param(
+            Case(
+                make_pod().on_node().waiting(reason, message=f"{reason} detail").build(),
+                End.PERMANENT,
+                reason,
+                ready_node,
+                message_has=f"container trainer: {reason} detail",
+            ),
+            id=f"trainer-waiting-{reason}-is-permanent",
+        )
+        for reason in (
+            "ErrImagePull",
+            "ImagePullBackOff",
+            "InvalidImageName",
+            "CreateContainerConfigError",
+        )
+    ],
+    pytest.param(
+        Case(
+            make_pod()
+            .on_node()
+            .waiting(
+                "CreateContainerConfigError",
+                container=SYNC_CONTAINER,
+                message='secret "s3-creds" not found',
+            )
+            .build(),
+            End.PERMANENT,
+            "CreateContainerConfigError",
+            ready_node,
+            message_has=f'container {SYNC_CONTAINER}: secret "s3-creds" not found',
+        ),
+        id="sidecar-missing-secret-is-permanent",
+    ),
+    # -- NotEnded ---------------------------------------------------------------------------
+    pytest.param(
+        Case(make_pod().running().build(), End.NOT_ENDED, "Running", ready_node),
+        id="running-pod-has-not-ended",
+    ),
+    pytest.param(
+        Case(make_pod().build(), End.NOT_ENDED, "Pending"),
+        id="pending-pod-has-not-ended",
+    ),
+    pytest.param(
+        Case(
+            make_pod().on_node().waiting("ContainerCreating").build(),
+            End.NOT_ENDED,
+            "Pending",
+            ready_node,
+        ),
+        id="container-creating-has-not-ended",
+    ),
+]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_classify(case: Case) -> None:
+    outcome = _classify(case)
+
+    assert (outcome.end, outcome.reason) == (case.end, case.reason)
+    assert case.message_has in outcome.message
+    assert outcome.ended is (case.end is not End.NOT_ENDED)
+
+
+def test_notice_taints_come_from_the_argument_not_the_defaults() -> None:
+    pod = make_pod().trainer_exited(143).build()
+    node = make_node().tainted("example.com/draining").build()
+
+    default = classify(pod, node=node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS)
+    custom = classify(pod, node=node, node_deleted=False, notice_taints=["example.com/draining"])
+
+    assert default.end is End.FAILED
+    assert (custom.end, custom.reason) == (End.PREEMPTED, "PreemptionNotice")
+
+
+def test_classify_does_not_modify_its_inputs() -> None:
+    pod_builder = make_pod().trainer_exited(143).with_notice_annotation()
+    node_builder = make_node().tainted(SPOT_TAINT)
+    pod, node = pod_builder.build(), node_builder.build()
+
+    classify(pod, node=node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS)
+
+    assert pod == pod_builder.build()
+    assert node == node_builder.build()

@@ -1,0 +1,148 @@
+"""The generated CustomResourceDefinition.
+
+Covers:
+
+- ``crds/trainingrun.yaml`` equals ``crd.render()`` (stale check; the failure says to run
+  ``make crds``) and parses back to ``build_crd()``;
+- the schema is structural: no ``$ref``, ``anyOf``, ``title`` or ``$defs`` anywhere, and every
+  property has a type (or keeps unknown fields on purpose);
+- every property under ``spec`` that the API models define has a description (the pod
+  template's own inner fields are PodTemplateSpec fields, documented by Kubernetes);
+- the CEL rules sit where the API expects them;
+- printer columns: Phase, Attempt, Restarts, Preemptions, Checkpoint, Age, Reason, Message in
+  that order, with Reason and Message at priority 1 and the others in the default view.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from trainingrun import api, crd
+
+REPO = Path(__file__).resolve().parents[2]
+CRD_FILE = REPO / "crds" / "trainingrun.yaml"
+
+
+def _schema() -> dict[str, Any]:
+    schema: dict[str, Any] = crd.build_crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
+
+
+def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """Every (path, node) in a nested structure of dicts and lists."""
+    yield path, node
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _walk(value, f"{path}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _walk(value, f"{path}[{i}]")
+
+
+def _properties(node: dict[str, Any], path: str) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Every schema property below ``node`` as (dotted path, schema)."""
+    for name, sub in (node.get("properties") or {}).items():
+        yield f"{path}.{name}", sub
+        yield from _properties(sub, f"{path}.{name}")
+    if "items" in node:
+        yield from _properties(node["items"], f"{path}[]")
+
+
+def test_crd_file_is_not_stale() -> None:
+    on_disk = CRD_FILE.read_text()
+
+    assert on_disk == crd.render(), (
+        f"{CRD_FILE.relative_to(REPO)} is stale: run `make crds` and commit it"
+    )
+
+
+def test_crd_file_parses_back_to_the_definition() -> None:
+    assert yaml.safe_load(CRD_FILE.read_text()) == crd.build_crd()
+
+
+@pytest.mark.parametrize("key", ["$ref", "anyOf", "title", "$defs"])
+def test_schema_is_structural(key: str) -> None:
+    found = [path for path, node in _walk(_schema()) if isinstance(node, dict) and key in node]
+
+    assert found == [], f"{key!r} at {found}"
+
+
+def test_every_schema_node_has_a_type() -> None:
+    schema = _schema()
+    untyped = [
+        path
+        for path, node in [("", schema), *_properties(schema, "")]
+        if "type" not in node and not node.get("x-kubernetes-preserve-unknown-fields")
+    ]
+
+    assert untyped == []
+
+
+def test_every_spec_property_has_a_description() -> None:
+    spec = _schema()["properties"]["spec"]
+    template_inside = "spec.template."
+    missing = [
+        path
+        for path, node in _properties(spec, "spec")
+        if not path.startswith(template_inside) and not node.get("description")
+    ]
+
+    assert spec.get("description")
+    assert missing == []
+
+
+def test_spec_covers_every_api_field() -> None:
+    spec = _schema()["properties"]["spec"]
+
+    assert set(spec["properties"]) == {
+        field.alias or name for name, field in api.TrainingRunSpec.model_fields.items()
+    }
+    assert spec["required"] == ["template", "checkpoint"]
+
+
+@pytest.mark.parametrize(
+    ("path", "rule_has"),
+    [
+        pytest.param("template", "c.name == 'trainer'", id="template-needs-trainer"),
+        pytest.param("template", "restartPolicy == 'Never'", id="template-restart-never"),
+        pytest.param("checkpoint", "self.localPath != '/'", id="local-path-not-root"),
+        pytest.param("checkpoint.storage", "startsWith('s3://')", id="storage-uri-s3"),
+        pytest.param(
+            "restartPolicy.backoff", "maxSeconds >= self.initialSeconds", id="backoff-max-ge-init"
+        ),
+    ],
+)
+def test_cel_rules_are_placed(path: str, rule_has: str) -> None:
+    node = _schema()["properties"]["spec"]
+    for part in path.split("."):
+        node = node["properties"][part]
+
+    rules = [r["rule"] for r in node["x-kubernetes-validations"]]
+    assert any(rule_has in r for r in rules), rules
+
+
+def test_printer_columns() -> None:
+    columns = crd.build_crd()["spec"]["versions"][0]["additionalPrinterColumns"]
+
+    assert [c["name"] for c in columns] == [
+        "Phase",
+        "Attempt",
+        "Restarts",
+        "Preemptions",
+        "Checkpoint",
+        "Age",
+        "Reason",
+        "Message",
+    ]
+    priorities = {c["name"]: c.get("priority", 0) for c in columns}
+    assert {name for name, p in priorities.items() if p == 1} == {"Reason", "Message"}
+    assert {p for p in priorities.values()} == {0, 1}
+    status_fields = set(_schema()["properties"]["status"]["properties"])
+    for c in columns:
+        if c["jsonPath"].startswith(".status."):
+            assert c["jsonPath"].split(".")[2] in status_fields, c

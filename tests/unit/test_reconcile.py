@@ -1,0 +1,593 @@
+"""plan(), started(), set_condition(), phase_of() and invalid_spec(): reconcile passes as pure
+functions, driven through the sequences a run goes through.
+
+Covers:
+
+- a new run asks for attempt 1; started() records the pod as active (Started or Resumed);
+- a running pod keeps the run Running with ``activePod`` set, and a pod whose ``started()``
+  write was lost is adopted;
+- a failed pod moves to attempt N+1 with ``nextAttemptTime`` in the future and a requeue, and
+  the pod of N+1 is asked for only once that time has passed;
+- a preempted pod moves to attempt N+1 at once, spends a preemption and no restart; one still
+  running (node NotReady) is deleted, an ended one is not;
+- a pod missing while ``activePod`` names it is a preemption; one not created yet is not;
+- success, an exhausted restart budget and a permanent error finish the run with the matching
+  conditions, phase and Event; finished runs are left alone;
+- a bad checkpoint is recorded and the next attempt starts at once; the latest checkpoint
+  never goes backwards;
+- ``lastTransitionTime`` changes only when a condition's status flips;
+- idempotence: the same observation gives the same plan, and feeding the planned status back
+  with an unchanged world changes nothing;
+- crash loops are still caught when the attempts resume below a checkpoint recorded as bad, and
+  a bad checkpoint is recorded even when the pod's start was not (started() write lost);
+- phase_of() and invalid_spec().
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+
+from tests.unit.builders import T0, RunBuilder, make_node, make_pod, make_run, pod_from
+from trainingrun.api import Condition, TrainingRunStatus
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
+from trainingrun.decide.policy import (
+    REASON_CRASH_LOOP,
+    REASON_RESTARTS_EXHAUSTED,
+)
+from trainingrun.decide.reconcile import (
+    FAILED,
+    PHASE_BACKOFF,
+    PHASE_FAILED,
+    PHASE_PENDING,
+    PHASE_RUNNING,
+    PHASE_SUCCEEDED,
+    RUNNING,
+    SUCCEEDED,
+    Event,
+    Observed,
+    Plan,
+    invalid_spec,
+    parse_time,
+    phase_of,
+    plan,
+    rfc3339,
+    set_condition,
+    started,
+)
+
+
+class Driver:
+    """Plays the controller around plan(): each pass observes the run with the status the last
+    pass planned (the write landed), and ``start()`` makes the pod plan() asked for with
+    build_pod() and records it with started()."""
+
+    def __init__(self, run: RunBuilder, now: datetime = T0) -> None:
+        self.run = run
+        self.status = run.status()
+        self.now = now
+        self.events: list[Event] = []
+
+    def observe(
+        self,
+        pod: dict[str, Any] | None = None,
+        *,
+        node: dict[str, Any] | None = None,
+        node_deleted: bool = False,
+    ) -> Observed:
+        return self.run.observe(
+            pod, node=node, node_deleted=node_deleted, status=self.status, now=self.now
+        )
+
+    def pass_(
+        self,
+        pod: dict[str, Any] | None = None,
+        *,
+        node: dict[str, Any] | None = None,
+        node_deleted: bool = False,
+    ) -> Plan:
+        p = plan(self.observe(pod, node=node, node_deleted=node_deleted))
+        self.status = p.status
+        self.events.extend(p.events)
+        return p
+
+    def build(self, resume_step: int | None = None) -> dict[str, Any]:
+        """The pod of ``status.attempt``, as the controller would create it."""
+        ref = self.run.ref()
+        return build_pod(ref, self.status.attempt, resume_of(ref, resume_step), AgentSettings())
+
+    def start(self, resume_step: int | None = None) -> dict[str, Any]:
+        pod = self.build(resume_step)
+        self.status, event = started(self.status, self.observe(), pod)
+        self.events.append(event)
+        return pod
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+def _launched(run: RunBuilder, resume_step: int | None = None) -> tuple[Driver, dict[str, Any]]:
+    """A run whose first pass asked for attempt 1 and whose pod was then created."""
+    d = Driver(run)
+    assert d.pass_().create_attempt == 1
+    return d, d.start(resume_step)
+
+
+def _condition(status: TrainingRunStatus, ctype: str) -> Condition:
+    return next(c for c in status.conditions if c.type == ctype)
+
+
+# -- starting -----------------------------------------------------------------------------
+
+
+def test_new_run_asks_for_attempt_1() -> None:
+    d = Driver(make_run("r1").with_generation(3))
+
+    p = d.pass_()
+
+    assert p.create_attempt == 1
+    assert (p.delete_pod, p.events, p.requeue_after) == (None, [], None)
+    assert p.status.attempt == 1
+    assert p.status.active_pod is None
+    assert p.status.phase == PHASE_PENDING
+    assert p.status.observed_generation == 3
+
+
+def test_started_from_scratch_records_the_active_pod() -> None:
+    d, pod = _launched(make_run("r1"))
+
+    assert pod["metadata"]["name"] == "r1-1"
+    assert d.status.active_pod == "r1-1"
+    assert d.status.phase == PHASE_RUNNING
+    assert d.status.resume_step is None
+    assert _condition(d.status, RUNNING).status == "True"
+    assert d.events[-1] == Event("Normal", "Started", "attempt 1 (r1-1) starts from scratch")
+
+
+def test_started_from_a_checkpoint_records_the_resume_step() -> None:
+    d, _ = _launched(make_run("r1").with_checkpoint(120), resume_step=120)
+
+    assert d.status.resume_step == 120
+    assert d.status.reason == "Resumed"
+    assert d.events[-1].reason == "Resumed"
+    assert "step 120" in d.events[-1].message
+
+
+def test_running_pod_keeps_the_run_running() -> None:
+    d, pod = _launched(make_run("r1"))
+
+    p = d.pass_(pod_from(pod).running().build(), node=make_node().build())
+
+    assert p.status.phase == PHASE_RUNNING
+    assert p.status.active_pod == "r1-1"
+    assert p.status.attempt == 1
+    assert (p.create_attempt, p.delete_pod, p.events) == (None, None, [])
+
+
+def test_running_pod_whose_start_was_not_recorded_is_adopted() -> None:
+    d = Driver(make_run("r1").with_checkpoint(120))
+    d.pass_()
+    pod = d.build(resume_step=120)  # created, but the started() status write was lost
+
+    p = d.pass_(pod_from(pod).running().build())
+
+    assert p.status.active_pod == "r1-1"
+    assert p.status.resume_step == 120
+    assert p.status.phase == PHASE_RUNNING
+    assert p.create_attempt is None
+
+
+# -- failure and backoff ------------------------------------------------------------------
+
+
+def test_failed_attempt_backs_off_then_asks_for_the_next() -> None:
+    run = make_run("r1").with_restart_policy(backoff={"initial_seconds": 30})
+    d, pod = _launched(run)
+
+    failed = d.pass_(pod_from(pod).trainer_exited(1).build())
+
+    assert failed.status.attempt == 2
+    assert (failed.status.restarts, failed.status.preemptions) == (1, 0)
+    assert failed.status.active_pod is None
+    due = parse_time(failed.status.next_attempt_time)
+    assert due is not None
+    assert due > d.now
+    assert failed.requeue_after == 30
+    assert failed.create_attempt is None
+    assert failed.delete_pod is None  # the pod ended; it stays for its logs
+    assert failed.status.phase == PHASE_BACKOFF
+    assert _condition(failed.status, RUNNING).status == "False"
+    assert [(e.type, e.reason) for e in failed.events] == [("Warning", "Failed")]
+
+    d.advance(10)
+    waiting = d.pass_(None)
+    assert waiting.create_attempt is None
+    assert waiting.requeue_after == pytest.approx(20)
+    assert waiting.status.attempt == 2
+
+    d.advance(20)
+    due_now = d.pass_(None)
+    assert due_now.create_attempt == 2
+
+    second = d.start()
+    assert second["metadata"]["name"] == "r1-2"
+    assert d.status.next_attempt_time is None
+    assert d.status.phase == PHASE_RUNNING
+
+
+def test_restart_budget_exhausted_fails_the_run() -> None:
+    d, pod = _launched(make_run("r1").with_restart_policy(max_restarts=0))
+
+    p = d.pass_(pod_from(pod).trainer_exited(137, reason="OOMKilled").build())
+
+    assert p.status.phase == PHASE_FAILED
+    assert p.status.reason == REASON_RESTARTS_EXHAUSTED
+    assert _condition(p.status, FAILED).status == "True"
+    assert _condition(p.status, FAILED).reason == REASON_RESTARTS_EXHAUSTED
+    assert p.status.attempt == 1
+    assert p.create_attempt is None
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", REASON_RESTARTS_EXHAUSTED)]
+
+
+def test_permanent_error_fails_the_run_and_deletes_the_waiting_pod() -> None:
+    d, pod = _launched(make_run("r1"))
+
+    p = d.pass_(pod_from(pod).on_node().waiting("InvalidImageName").build())
+
+    assert p.status.phase == PHASE_FAILED
+    assert p.status.reason == "InvalidImageName"
+    assert p.delete_pod == "r1-1"
+    assert p.create_attempt is None
+
+
+# -- preemption ---------------------------------------------------------------------------
+
+
+def test_preempted_attempt_is_replaced_at_once_without_spending_restarts() -> None:
+    d, pod = _launched(make_run("r1").with_checkpoint(100).with_status(restarts=2), 100)
+
+    p = d.pass_(pod_from(pod).trainer_exited(143).disrupted("PreemptionByScheduler").build())
+
+    assert p.status.attempt == 2
+    assert (p.status.restarts, p.status.preemptions) == (2, 1)
+    assert p.status.next_attempt_time is None
+    assert p.requeue_after == 0
+    assert p.create_attempt is None  # the next pass asks, after this status is written
+    assert [(e.type, e.reason) for e in p.events] == [("Normal", "Preempted")]
+
+    assert d.pass_(None).create_attempt == 2
+
+
+def test_preempted_pod_that_still_runs_is_deleted() -> None:
+    d, pod = _launched(make_run("r1"))
+
+    p = d.pass_(pod_from(pod).running().build(), node=make_node().not_ready().build())
+
+    assert p.delete_pod == "r1-1"
+    assert p.status.preemptions == 1
+    assert p.status.attempt == 2
+
+
+def test_notice_taints_come_from_the_spec() -> None:
+    run = make_run("r1").with_notice_taints("example.com/reclaim")
+    d, pod = _launched(run)
+
+    p = d.pass_(
+        pod_from(pod).trainer_exited(143).build(),
+        node=make_node().tainted("example.com/reclaim", "NoExecute").build(),
+    )
+
+    assert (p.status.preemptions, p.status.restarts) == (1, 0)
+    assert "example.com/reclaim" in (p.status.message or "")
+
+
+def test_missing_pod_named_by_active_pod_is_a_preemption() -> None:
+    d, _ = _launched(make_run("r1"))
+
+    p = d.pass_(None)
+
+    assert (p.status.preemptions, p.status.restarts) == (1, 0)
+    assert p.status.attempt == 2
+    assert p.status.reason == "Preempted"
+    assert "PodDeleted" in (p.status.message or "")
+    assert p.delete_pod is None
+
+
+def test_missing_pod_not_created_yet_is_not_a_preemption() -> None:
+    d = Driver(make_run("r1"))
+    d.pass_()  # attempt 1 recorded; the pod was never created
+
+    p = d.pass_(None)
+
+    assert p.create_attempt == 1
+    assert p.status.preemptions == 0
+    assert p.status.attempt == 1
+
+
+# -- success and finished runs ------------------------------------------------------------
+
+
+def test_success_finishes_the_run() -> None:
+    d, pod = _launched(make_run("r1").with_checkpoint(500), resume_step=400)
+
+    p = d.pass_(pod_from(pod).trainer_exited(0).build())
+
+    assert p.status.phase == PHASE_SUCCEEDED
+    assert _condition(p.status, SUCCEEDED).status == "True"
+    assert _condition(p.status, RUNNING).status == "False"
+    assert p.status.active_pod is None
+    assert p.status.latest_checkpoint is not None
+    assert p.status.latest_checkpoint.step == 500
+    assert (p.create_attempt, p.delete_pod) == (None, None)
+    assert [(e.type, e.reason) for e in p.events] == [("Normal", "Succeeded")]
+
+
+def _succeeded() -> Driver:
+    d, pod = _launched(make_run("r1"))
+    d.pass_(pod_from(pod).trainer_exited(0).build())
+    return d
+
+
+def _failed() -> Driver:
+    d, pod = _launched(make_run("r1").with_restart_policy(max_restarts=0))
+    d.pass_(pod_from(pod).trainer_exited(1).build())
+    return d
+
+
+@pytest.mark.parametrize("finish", [_succeeded, _failed], ids=["succeeded", "failed"])
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(None, id="pod-gone"),
+        pytest.param(make_pod("r1-1").trainer_exited(1).build(), id="pod-failed"),
+    ],
+)
+def test_finished_runs_are_left_alone(finish: Any, pod: dict[str, Any] | None) -> None:
+    d = finish()
+    before = d.status
+
+    p = d.pass_(pod)
+
+    assert p.status == before
+    assert (p.create_attempt, p.delete_pod, p.events, p.requeue_after) == (None, None, [], None)
+
+
+# -- checkpoints --------------------------------------------------------------------------
+
+
+def test_bad_checkpoint_is_recorded_and_the_next_attempt_starts_at_once() -> None:
+    d, pod = _launched(make_run("r1").with_checkpoint(200), resume_step=200)
+
+    p = d.pass_(pod_from(pod).restore_exited(3, message="checksum mismatch").build())
+
+    assert p.status.bad_checkpoints == [200]
+    assert p.status.attempt == 2
+    assert (p.status.restarts, p.status.preemptions) == (0, 0)
+    assert p.status.next_attempt_time is None
+    assert p.requeue_after == 0
+    assert d.pass_(None).create_attempt == 2
+
+
+def test_latest_checkpoint_is_recorded_and_never_goes_backwards() -> None:
+    run = make_run("r1").with_checkpoint(200)
+    d, pod = _launched(run, resume_step=200)
+    running = pod_from(pod).running().build()
+
+    def latest_step_after_pass() -> int | None:
+        latest = d.pass_(running).status.latest_checkpoint
+        return None if latest is None else latest.step
+
+    assert latest_step_after_pass() == 200
+    run.with_checkpoint(100)
+    assert latest_step_after_pass() == 200
+    run.without_checkpoint()  # manifest not read this pass
+    assert latest_step_after_pass() == 200
+    run.with_checkpoint(300)
+    assert latest_step_after_pass() == 300
+    assert d.status.latest_checkpoint == run.checkpoint_ref(300)
+
+
+# -- conditions ---------------------------------------------------------------------------
+
+
+def test_set_condition_keeps_the_time_while_the_status_holds() -> None:
+    first = set_condition([], RUNNING, True, "Started", "attempt 1", 1, T0)
+    later = T0 + timedelta(minutes=5)
+
+    same = set_condition(first, RUNNING, True, "AttemptRunning", "pod r1-1", 2, later)
+
+    assert same[0].last_transition_time == rfc3339(T0)
+    assert (same[0].reason, same[0].message, same[0].observed_generation) == (
+        "AttemptRunning",
+        "pod r1-1",
+        2,
+    )
+
+
+def test_set_condition_moves_the_time_when_the_status_flips() -> None:
+    first = set_condition([], RUNNING, True, "Started", "attempt 1", 1, T0)
+    later = T0 + timedelta(minutes=5)
+
+    flipped = set_condition(first, RUNNING, False, "Failed", "attempt 1 failed", 1, later)
+
+    assert flipped[0].status == "False"
+    assert flipped[0].last_transition_time == rfc3339(later)
+
+
+def test_set_condition_leaves_other_conditions_alone() -> None:
+    conds = set_condition([], RUNNING, False, "Failed", "", 1, T0)
+
+    both = set_condition(conds, FAILED, True, "CrashLoop", "", 1, T0 + timedelta(hours=1))
+
+    assert [(c.type, c.status) for c in both] == [(RUNNING, "False"), (FAILED, "True")]
+    assert both[0] == conds[0]
+
+
+def test_transition_time_through_passes() -> None:
+    d, pod = _launched(make_run("r1"))
+    started_at = _condition(d.status, RUNNING).last_transition_time
+
+    d.advance(60)
+    d.pass_(pod_from(pod).running().build())
+    assert _condition(d.status, RUNNING).last_transition_time == started_at
+
+    d.advance(60)
+    d.pass_(pod_from(pod).trainer_exited(1).build())
+    assert _condition(d.status, RUNNING).status == "False"
+    assert _condition(d.status, RUNNING).last_transition_time == rfc3339(T0 + timedelta(minutes=2))
+
+
+# -- idempotence --------------------------------------------------------------------------
+
+
+def _observations() -> list[Any]:
+    def new() -> Observed:
+        return Driver(make_run("r1")).observe()
+
+    def running() -> Observed:
+        d, pod = _launched(make_run("r1"))
+        return d.observe(pod_from(pod).running().build())
+
+    def failed() -> Observed:
+        d, pod = _launched(make_run("r1"))
+        return d.observe(pod_from(pod).trainer_exited(1).build())
+
+    def preempted() -> Observed:
+        d, pod = _launched(make_run("r1"))
+        return d.observe(pod_from(pod).running().build(), node=make_node().not_ready().build())
+
+    def backing_off() -> Observed:
+        d, pod = _launched(make_run("r1"))
+        d.pass_(pod_from(pod).trainer_exited(1).build())
+        return d.observe(None)
+
+    return [pytest.param(f, id=f.__name__) for f in (new, running, failed, preempted, backing_off)]
+
+
+@pytest.mark.parametrize("observation", _observations())
+def test_same_observation_gives_the_same_plan(observation: Any) -> None:
+    obs = observation()
+
+    assert plan(obs) == plan(obs)
+
+
+def test_running_status_is_a_fixpoint() -> None:
+    d, pod = _launched(make_run("r1"))
+    running = pod_from(pod).running().build()
+
+    first = d.pass_(running)
+    second = d.pass_(running)
+
+    assert second.status == first.status
+    assert (second.create_attempt, second.delete_pod, second.events) == (None, None, [])
+
+
+def test_an_ended_attempt_is_counted_once() -> None:
+    d, pod = _launched(make_run("r1"))
+    d.pass_(pod_from(pod).trainer_exited(1).build())
+    after_failure = d.status
+
+    # The controller now reads the pod of attempt 2, which does not exist yet.
+    again = d.pass_(None)
+
+    assert again.status == after_failure
+    assert (again.status.attempt, again.status.restarts) == (2, 1)
+    assert again.events == []
+
+
+# -- crash loops and bad checkpoints ------------------------------------------------------
+
+
+def test_failures_resumed_below_a_bad_checkpoint_count_toward_crash_loop() -> None:
+    # Checkpoints 100 and 200 are committed; 200 turns out corrupt. The attempts that resume
+    # from 100 then crash without committing anything: that is a crash loop, even though the
+    # newest committed step (200, recorded as bad) is above the step they resumed from.
+    run = (
+        make_run("r1").with_checkpoint(200).with_restart_policy(max_restarts=10, crash_loop_limit=2)
+    )
+    d, pod = _launched(run, resume_step=200)
+    d.pass_(pod_from(pod).restore_exited(3).build())
+    assert d.status.bad_checkpoints == [200]
+
+    reasons = []
+    for _ in range(2):
+        d.advance(3600)  # past any backoff
+        assert d.pass_(None).create_attempt == d.status.attempt
+        pod = d.start(resume_step=100)
+        d.pass_(pod_from(pod).trainer_exited(1).build())
+        reasons.append(d.status.reason)
+
+    assert reasons == ["Failed", REASON_CRASH_LOOP], (
+        f"two failures without a new checkpoint (limit 2) gave {reasons}, "
+        f"consecutiveFailures={d.status.consecutive_failures}"
+    )
+    assert d.status.phase == PHASE_FAILED
+
+
+def test_bad_checkpoint_is_recorded_when_the_pods_start_was_not() -> None:
+    # The pod of attempt 2 resumed from 200 but the started() status write was lost (operator
+    # restarted): the pod's resume annotation is then the only record of the step it used.
+    run = make_run("r1").with_checkpoint(200)
+    d, _ = _launched(run, resume_step=200)
+    d.pass_(None)  # attempt 1 gone: preempted
+    assert d.pass_(None).create_attempt == 2
+    pod = d.build(resume_step=200)
+
+    p = d.pass_(pod_from(pod).restore_exited(3).build())
+
+    assert p.status.bad_checkpoints == [200], (
+        "the restore of r1-2 found checkpoint 200 corrupt but it was not recorded as bad, so "
+        "the next attempt would choose it again"
+    )
+
+
+# -- phase and invalid spec ---------------------------------------------------------------
+
+
+def _status(
+    *conditions: tuple[str, bool], next_attempt_time: str | None = None
+) -> TrainingRunStatus:
+    conds: list[Condition] = []
+    for ctype, value in conditions:
+        conds = set_condition(conds, ctype, value, "R", "", 1, T0)
+    return TrainingRunStatus(conditions=conds, next_attempt_time=next_attempt_time)
+
+
+@pytest.mark.parametrize(
+    ("status", "phase"),
+    [
+        pytest.param(_status(), PHASE_PENDING, id="no-conditions-pending"),
+        pytest.param(_status((RUNNING, True)), PHASE_RUNNING, id="running"),
+        pytest.param(
+            _status((RUNNING, False), next_attempt_time="2025-01-01T12:00:30Z"),
+            PHASE_BACKOFF,
+            id="waiting-for-next-attempt-backoff",
+        ),
+        pytest.param(_status((RUNNING, False)), PHASE_PENDING, id="between-attempts-pending"),
+        pytest.param(_status((RUNNING, False), (SUCCEEDED, True)), PHASE_SUCCEEDED, id="succeeded"),
+        pytest.param(_status((RUNNING, True), (FAILED, True)), PHASE_FAILED, id="failed-wins"),
+        pytest.param(
+            _status((SUCCEEDED, True), (FAILED, True)), PHASE_FAILED, id="failed-beats-succeeded"
+        ),
+        pytest.param(_status((FAILED, False)), PHASE_PENDING, id="failed-false-is-not-failed"),
+    ],
+)
+def test_phase_of(status: TrainingRunStatus, phase: str) -> None:
+    assert phase_of(status) == phase
+
+
+def test_invalid_spec_fails_the_run_with_the_reason() -> None:
+    d, _ = _launched(make_run("r1"))
+    later = T0 + timedelta(minutes=1)
+
+    new = invalid_spec(d.status, 4, "spec.checkpoint.storage: Field required", later)
+
+    assert new.phase == PHASE_FAILED
+    assert (new.reason, new.message) == ("InvalidSpec", "spec.checkpoint.storage: Field required")
+    assert new.observed_generation == 4
+    failed = _condition(new, FAILED)
+    assert (failed.status, failed.reason) == ("True", "InvalidSpec")
+    assert failed.last_transition_time == rfc3339(later)
+    assert plan(make_run("r1").observe(status=new)).create_attempt is None
