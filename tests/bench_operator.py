@@ -51,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=500)
     parser.add_argument("--nodes", type=int, default=20)
     parser.add_argument("--rate", type=float, default=20.0, help="failures injected per second")
+    parser.add_argument(
+        "--resync", type=float, default=30.0, help="operator resync interval (s) during the run"
+    )
     parser.add_argument("--timeout", type=float, default=900.0, help="bound on the whole run (s)")
     parser.add_argument("--write", type=Path, help="append the results to this markdown file")
     args = parser.parse_args(argv)
@@ -95,8 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         env,
         log_path,
         extra_env={
-            "TRAININGRUN_RESYNC_SECONDS": "30",
-            "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "30",
+            "TRAININGRUN_RESYNC_SECONDS": str(args.resync),
+            "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": str(args.resync),
         },
     )
     op.start()
@@ -107,28 +110,15 @@ def main(argv: list[str] | None = None) -> int:
     replacement = "trainingrun.dev/attempt=2"
 
     def watch_pods() -> None:
-        # Only replacement pods, continuing from one list: the watcher must keep up with the
-        # operator, or its own lag would be measured.
-        listed = core.list_namespaced_pod(ns, label_selector=replacement)
-        rv = listed.metadata.resource_version
+        # Only replacement pods, so the watcher keeps up; short watches, each starting with the
+        # current list, so nothing created between two of them is missed.
         w = watch.Watch()
         while not stop.is_set() and time.monotonic() < deadline:
             for ev in w.stream(
-                core.list_namespaced_pod,
-                ns,
-                label_selector=replacement,
-                resource_version=rv,
-                timeout_seconds=30,
+                core.list_namespaced_pod, ns, label_selector=replacement, timeout_seconds=5
             ):
-                obj = ev["object"]
-                if not hasattr(obj, "metadata"):  # an ERROR event (e.g. 410): list again
-                    rv = core.list_namespaced_pod(
-                        ns, label_selector=replacement
-                    ).metadata.resource_version
-                    break
-                rv = obj.metadata.resource_version
                 if ev["type"] == "ADDED":
-                    created_at.setdefault(obj.metadata.name, time.monotonic())
+                    created_at.setdefault(ev["object"].metadata.name, time.monotonic())
                 if stop.is_set():
                     break
 

@@ -577,7 +577,7 @@ def _pass(namespace: str, name: str) -> None:
             "%s/%s: reconcile failed; retrying after the resync interval", namespace, name
         )
         again = reconciler().settings.resync_seconds
-    if again and _scheduler is not None:
+    if again is not None and _scheduler is not None:  # 0.0: at once (the next step is due)
         _scheduler.later(again, (namespace, name))
 
 

@@ -61,7 +61,7 @@ class OperatorProcess:
         env = {
             **os.environ,
             "KUBECONFIG": self.env.kubeconfig,
-            "TRAININGRUN_RESYNC_SECONDS": "2",
+            "TRAININGRUN_RESYNC_SECONDS": "600",
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "1",
             **self.extra_env,
         }
