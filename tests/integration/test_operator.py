@@ -294,3 +294,19 @@ def test_operator_killed_around_resubmissions_makes_one_pod_per_attempt(
     status = runs.status("chaos")
     assert status["attempt"] == rounds + 1
     assert status["restarts"] == rounds
+
+
+def test_deleting_a_run_removes_its_pod_and_keeps_the_bucket(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
+) -> None:
+    start(runs, localenv, prefix, "bye", kwok_node())
+    key = run_key(prefix, runs.namespace, "bye")
+    commit_checkpoint(s3, localenv.bucket, key, 7, {"w.bin": b"7" * 16})
+    runs.custom.delete_namespaced_custom_object(
+        "trainingrun.dev", "v1alpha1", runs.namespace, "trainingruns", "bye"
+    )
+    wait_for(lambda: runs.pods_of("bye") == [], 60, "the run's pods to be garbage collected")
+    listed = s3.list_objects_v2(Bucket=localenv.bucket, Prefix=f"{key}/")
+    keys = {o["Key"] for o in listed.get("Contents", [])}
+    assert f"{key}/manifest.json" in keys
+    assert f"{key}/checkpoints/checkpoint-7/w.bin" in keys
