@@ -7,7 +7,6 @@ to a kwok node and marked Running by kwok; an eviction through the Eviction API 
 
 from __future__ import annotations
 
-import time
 import uuid
 from typing import Any
 
@@ -16,18 +15,9 @@ import pytest
 from kubernetes import client, watch
 
 from tests import localenv as localenv_mod
+from tests.integration.support import wait_for
 
 SMOKE_GROUP = "smoke.trainingrun.test"
-
-
-def _wait(predicate: Any, timeout_s: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
 
 
 def test_crd_is_served_and_a_custom_object_reads_back(api_client: Any, namespace: str) -> None:
@@ -64,7 +54,7 @@ def test_crd_is_served_and_a_custom_object_reads_back(api_client: Any, namespace
     }
     ext.create_custom_resource_definition(crd)
     try:
-        _wait(
+        wait_for(
             lambda: any(
                 c.type == "Established" and c.status == "True"
                 for c in (ext.read_custom_resource_definition(name).status.conditions or [])
@@ -79,7 +69,7 @@ def test_crd_is_served_and_a_custom_object_reads_back(api_client: Any, namespace
             "metadata": {"name": "w1"},
             "spec": {"size": 3},
         }
-        _wait(
+        wait_for(
             lambda: _try_create(custom, namespace, plural, body),
             30,
             "the new resource to be served",
@@ -109,7 +99,7 @@ def test_pod_is_scheduled_to_kwok_node_runs_and_eviction_sets_disruption_target(
     core_v1: Any, namespace: str, kwok_node: Any
 ) -> None:
     node = kwok_node()
-    _wait(
+    wait_for(
         lambda: any(
             c.type == "Ready" and c.status == "True"
             for c in (core_v1.read_node(node).status.conditions or [])
@@ -131,7 +121,7 @@ def test_pod_is_scheduled_to_kwok_node_runs_and_eviction_sets_disruption_target(
         p = core_v1.read_namespaced_pod("smoke", namespace)
         return p if p.status.phase == "Running" else None
 
-    p = _wait(running, 60, "pod Running")
+    p = wait_for(running, 60, "pod Running")
     assert p.spec.node_name == node
     assert any(c.type == "PodScheduled" and c.status == "True" for c in p.status.conditions)
 
