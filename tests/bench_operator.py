@@ -25,7 +25,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 
 from tests import localenv
-from tests.integration.support import OperatorProcess, trainingrun
+from tests.integration.support import OperatorProcess, credentials_secret, trainingrun
 from trainingrun import api
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,16 +70,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ns = f"bench-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    core.create_namespaced_secret(
-        ns,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="s3creds"),
-            string_data={
-                "AWS_ACCESS_KEY_ID": env.s3_access_key,
-                "AWS_SECRET_ACCESS_KEY": env.s3_secret_key,
-            },
-        ),
-    )
+    core.create_namespaced_secret(ns, credentials_secret(env))
     nodes = [f"bench-{ns}-{i}" for i in range(args.nodes)]
     for n in nodes:
         core.create_node(

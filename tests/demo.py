@@ -21,7 +21,7 @@ import yaml
 from kubernetes import client, config
 
 from tests import localenv
-from tests.integration.support import Runs, commit_checkpoint, wait_for
+from tests.integration.support import Runs, commit_checkpoint, credentials_secret, wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 NAMESPACE = "demo"
@@ -61,14 +61,7 @@ def main() -> int:
             }
         ),
     )
-    # Through the API, not kubectl arguments, so the key never shows in a process list.
-    secret = client.V1Secret(
-        metadata=client.V1ObjectMeta(name="s3-credentials"),
-        string_data={
-            "AWS_ACCESS_KEY_ID": env.s3_access_key,
-            "AWS_SECRET_ACCESS_KEY": env.s3_secret_key,
-        },
-    )
+    secret = credentials_secret(env, "s3-credentials")
     try:
         core.create_namespaced_secret(NAMESPACE, secret)
     except client.ApiException as e:

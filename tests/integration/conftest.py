@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.integration.support import OperatorProcess, Runs, wait_for
+from tests.integration.support import OperatorProcess, Runs, credentials_secret, wait_for
 from tests.localenv import LocalEnv
 
 REPO = Path(__file__).resolve().parents[2]
@@ -50,16 +50,7 @@ def operator(
 
 @pytest.fixture
 def runs(api_client: Any, namespace: str, localenv: LocalEnv, core_v1: Any) -> Runs:
-    core_v1.create_namespaced_secret(
-        namespace,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="s3creds"),
-            string_data={
-                "AWS_ACCESS_KEY_ID": localenv.s3_access_key,
-                "AWS_SECRET_ACCESS_KEY": localenv.s3_secret_key,
-            },
-        ),
-    )
+    core_v1.create_namespaced_secret(namespace, credentials_secret(localenv))
     return Runs(api_client, namespace)
 
 

@@ -91,6 +91,18 @@ class OperatorProcess:
         return self.proc is not None and self.proc.poll() is None
 
 
+def credentials_secret(env: LocalEnv, name: str = "s3creds") -> client.V1Secret:
+    """A Secret with the environment's S3 keys, as ``credentialsSecret`` expects them. Created
+    through the API, never as kubectl arguments, so the key never shows in a process list."""
+    return client.V1Secret(
+        metadata=client.V1ObjectMeta(name=name),
+        string_data={
+            "AWS_ACCESS_KEY_ID": env.s3_access_key,
+            "AWS_SECRET_ACCESS_KEY": env.s3_secret_key,
+        },
+    )
+
+
 def trainingrun(
     name: str,
     env: LocalEnv,
