@@ -21,6 +21,11 @@ LABEL_RUN = "trainingrun.dev/run"
 LABEL_ATTEMPT = "trainingrun.dev/attempt"
 ANNOTATION_RESUME_STEP = "trainingrun.dev/resume-step"
 CHECKPOINT_VOLUME = "trainingrun-checkpoints"
+# The pod's annotations as a downward API file: how the sync sidecar sees the preemption notice
+# the operator writes, without any Kubernetes API access of its own.
+PODINFO_VOLUME = "trainingrun-podinfo"
+PODINFO_DIR = "/etc/trainingrun/podinfo"
+PODINFO_ANNOTATIONS = "annotations"
 CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
@@ -159,6 +164,7 @@ def build_pod(
         _env("TRAININGRUN_CHECKPOINT_DIR", local),
         _env("TRAININGRUN_KEEP", str(spec.checkpoint.keep)),
         _env("TRAININGRUN_ATTEMPT", str(attempt)),
+        _env("TRAININGRUN_PODINFO_DIR", PODINFO_DIR),
     ]
     init = []
     if resume:
@@ -170,9 +176,13 @@ def build_pod(
         init.append(_agent(RESTORE_CONTAINER, settings.restore_command, restore_env, run, settings))
     sync = _agent(SYNC_CONTAINER, settings.sync_command, sync_env, run, settings)
     sync["restartPolicy"] = "Always"  # native sidecar: up before the trainer, down after it
+    sync["volumeMounts"].append(
+        {"name": PODINFO_VOLUME, "mountPath": PODINFO_DIR, "readOnly": True}
+    )
     init.append(sync)
 
-    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") != CHECKPOINT_VOLUME]
+    ours = (CHECKPOINT_VOLUME, PODINFO_VOLUME)
+    volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
     labels = {
         **(meta.get("labels") or {}),
         LABEL_RUN: run.name,
@@ -206,6 +216,20 @@ def build_pod(
             "terminationGracePeriodSeconds": spec.preemption.termination_grace_period_seconds,
             "initContainers": [*(pod_spec.get("initContainers") or []), *init],
             "containers": containers,
-            "volumes": [*volumes, {"name": CHECKPOINT_VOLUME, "emptyDir": {}}],
+            "volumes": [
+                *volumes,
+                {"name": CHECKPOINT_VOLUME, "emptyDir": {}},
+                {
+                    "name": PODINFO_VOLUME,
+                    "downwardAPI": {
+                        "items": [
+                            {
+                                "path": PODINFO_ANNOTATIONS,
+                                "fieldRef": {"fieldPath": "metadata.annotations"},
+                            }
+                        ]
+                    },
+                },
+            ],
         },
     }

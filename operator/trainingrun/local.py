@@ -1,0 +1,91 @@
+"""The local checkpoint folder: the conventions the trainer integration, the sync sidecar and the
+restore share. Pure: names and small file helpers, no storage client.
+
+Layout of ``TRAININGRUN_CHECKPOINT_DIR`` (an ``emptyDir`` shared by the three containers)::
+
+    checkpoint-<step>/                 one checkpoint, as the trainer writes it
+    checkpoint-<step>/.trainingrun-complete
+                                       written last by the trainer integration: the folder is
+                                       complete (never uploaded)
+    .trainingrun/save-now              written by the sidecar on a preemption notice or SIGTERM;
+                                       the callback saves at the next step end and stops
+    .trainingrun/progress.json         written by the callback: {"step": .., "max_steps": ..}
+
+A trainer without the integration still gets sync: a ``checkpoint-<step>/`` holding
+``trainer_state.json`` whose files did not change for a quiet period counts as complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+COMPLETE_MARKER = ".trainingrun-complete"
+CONTROL_DIR = ".trainingrun"
+SAVE_NOW = "save-now"
+PROGRESS = "progress.json"
+# Written last by the HuggingFace Trainer's save; its presence plus quiet means complete.
+TRAINER_STATE = "trainer_state.json"
+
+_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step of a folder named ``checkpoint-<step>``, else None."""
+    m = _CHECKPOINT_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def is_internal(relative_path: str) -> bool:
+    """Files of ours inside a checkpoint folder that are never uploaded."""
+    return Path(relative_path).name == COMPLETE_MARKER
+
+
+def mark_complete(folder: Path) -> None:
+    """Marks a checkpoint folder complete; called after every file of it is written."""
+    (folder / COMPLETE_MARKER).write_text("")
+
+
+def control_path(checkpoint_dir: Path, name: str) -> Path:
+    return checkpoint_dir / CONTROL_DIR / name
+
+
+def request_save(checkpoint_dir: Path, reason: str) -> None:
+    """Asks the trainer integration to save at the next step end and stop."""
+    path = control_path(checkpoint_dir, SAVE_NOW)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(reason + "\n")
+
+
+def save_requested(checkpoint_dir: Path) -> str | None:
+    """The reason a save was requested, or None."""
+    try:
+        return control_path(checkpoint_dir, SAVE_NOW).read_text().strip() or "requested"
+    except FileNotFoundError:
+        return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    max_steps: int | None
+
+
+def write_progress(checkpoint_dir: Path, progress: Progress) -> None:
+    """Atomically replaces the progress file (a reader never sees half of it)."""
+    path = control_path(checkpoint_dir, PROGRESS)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"step": progress.step, "max_steps": progress.max_steps}))
+    os.replace(tmp, path)
+
+
+def read_progress(checkpoint_dir: Path) -> Progress | None:
+    try:
+        raw = json.loads(control_path(checkpoint_dir, PROGRESS).read_text())
+        return Progress(int(raw["step"]), raw.get("max_steps"))
+    except (FileNotFoundError, ValueError, KeyError, TypeError):
+        return None
