@@ -6,6 +6,7 @@ decides in one place what 404, 412, 429 and 5xx mean.
 - 429, 5xx, connection errors: retried by botocore's adaptive mode with jittered backoff, then
   ``StorageUnavailable``.
 - 403 / credentials: ``StorageAccessDenied`` naming the bucket and the fix.
+- 400 BadDigest: ``ChecksumMismatch`` (bytes changed on the way); other 4xx: ``StorageRejected``.
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ class StorageAccessDenied(StorageError):
 
 class PreconditionFailed(StorageError):
     """A conditional write lost (If-None-Match / If-Match)."""
+
+
+class ChecksumMismatch(StorageError):
+    """The endpoint received bytes that do not match the checksum sent with them."""
+
+
+class StorageRejected(StorageError):
+    """A 4xx other than 403/404/412/429: the request itself is wrong for this endpoint."""
 
 
 class NotFound(StorageError):
@@ -152,13 +161,17 @@ class Store:
                     f"{where}: access denied ({code}); check the credentials Secret or the "
                     "role's bucket policy (s3:GetObject, s3:PutObject, s3:ListBucket)"
                 )
+            if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
+                return ChecksumMismatch(f"{where}: the endpoint found a checksum mismatch ({code})")
+            if 400 <= status < 500 and status not in (408, 429):
+                return StorageRejected(f"{where}: the endpoint refused the request ({code})")
             return StorageUnavailable(f"{where}: {code or status}")
         if isinstance(err, botocore.exceptions.NoCredentialsError):
             return StorageAccessDenied(
                 f"{where}: no credentials found; set spec.checkpoint.storage.credentialsSecret "
                 "or give the pod an identity (IRSA, Workload Identity)"
             )
-        if isinstance(err, botocore.exceptions.BotoCoreError):
+        if isinstance(err, (botocore.exceptions.BotoCoreError, OSError)):
             return StorageUnavailable(f"{where}: {err}")
         raise err
 
@@ -208,6 +221,113 @@ class Store:
             return str(self.client.put_object(**kwargs)["ETag"])
         except Exception as e:
             raise self._translate(e, key) from e
+
+    def head(self, key: str, checksum_header: str | None = None) -> tuple[int, str | None] | None:
+        """(size, stored checksum under ``checksum_header`` if the endpoint returns it), or
+        None when the object does not exist."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        if checksum_header:
+            kwargs["ChecksumMode"] = "ENABLED"
+        try:
+            resp = self.client.head_object(**kwargs)
+        except Exception as e:
+            err = self._translate(e, key)
+            if isinstance(err, NotFound) and "bucket" not in str(err):
+                return None
+            raise err from e
+        checksum = resp.get(checksum_header) if checksum_header else None
+        if checksum and resp.get("ChecksumType") == "COMPOSITE":
+            checksum = None  # a checksum of part checksums, not of the object
+        return int(resp["ContentLength"]), checksum
+
+    def put_checked(self, key: str, data: bytes, checksum_header: str, checksum: str) -> None:
+        """Writes ``data`` with its full-object checksum; the endpoint rejects a mismatch."""
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, **{checksum_header: checksum}
+            )
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def create_multipart(self, key: str, algorithm: str, full_object: bool) -> str:
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "ChecksumAlgorithm": algorithm}
+        if full_object:
+            kwargs["ChecksumType"] = "FULL_OBJECT"
+        try:
+            return str(self.client.create_multipart_upload(**kwargs)["UploadId"])
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def upload_part(
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes,
+        checksum_header: str,
+        checksum: str,
+    ) -> dict[str, Any]:
+        """One part, checked by the endpoint against ``checksum``; returns its completion entry."""
+        try:
+            resp = self.client.upload_part(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                **{checksum_header: checksum},
+            )
+        except Exception as e:
+            raise self._translate(e, key) from e
+        return {"PartNumber": number, "ETag": resp["ETag"], checksum_header: checksum}
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: list[dict[str, Any]],
+        checksum_header: str,
+        full_checksum: str | None,
+    ) -> None:
+        """Completes the upload; with ``full_checksum`` the endpoint checks the whole object."""
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "UploadId": upload_id,
+            "MultipartUpload": {"Parts": parts},
+        }
+        if full_checksum:
+            kwargs[checksum_header] = full_checksum
+            kwargs["ChecksumType"] = "FULL_OBJECT"
+        try:
+            self.client.complete_multipart_upload(**kwargs)
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as e:
+            err = self._translate(e, key)
+            if not isinstance(err, NotFound):
+                raise err from e
+
+    def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, upload id) of unfinished multipart uploads under ``prefix``."""
+        try:
+            resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        except Exception as e:
+            raise self._translate(e, prefix) from e
+        return [(str(u["Key"]), str(u["UploadId"])) for u in resp.get("Uploads") or []]
+
+    def get_range(self, key: str, start: int, end: int) -> bytes:
+        """Bytes ``start``..``end`` inclusive of an object that must exist."""
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+            data: bytes = resp["Body"].read()
+        except Exception as e:
+            raise self._translate(e, key) from e
+        return data
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under ``prefix``."""
