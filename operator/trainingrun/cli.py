@@ -1,7 +1,19 @@
 """``trainingrun``: one command, one subcommand per part.
 
 - ``trainingrun operator``: the controller (kopf).
+- ``trainingrun sync``: the checkpoint sync sidecar (configured by environment, set by the
+  operator).
+- ``trainingrun restore``: the restore init container (exit 3: the checkpoint is bad).
 - ``trainingrun crd``: print the CustomResourceDefinition.
+
+Sync and restore read their settings from the environment the operator gives them:
+TRAININGRUN_STORAGE_URI, TRAININGRUN_CHECKPOINT_DIR, AWS_ENDPOINT_URL, AWS_REGION, credentials
+from the standard AWS chain; tuning: TRAININGRUN_PART_SIZE_MB (32), TRAININGRUN_CONCURRENCY (8),
+TRAININGRUN_MAX_BANDWIDTH_MBPS (none), TRAININGRUN_METRICS_PORT (9091, 0 = off),
+TRAININGRUN_METRICS_ADDRESS (0.0.0.0); sync also TRAININGRUN_KEEP (3),
+TRAININGRUN_QUIET_SECONDS (10), TRAININGRUN_DRAIN_SECONDS (60), TRAININGRUN_CHECKSUM (auto,
+CRC64NVME, CRC32C, CRC32, SHA256), TRAININGRUN_PODINFO_DIR, TRAININGRUN_SYNC_NICE (10); restore
+TRAININGRUN_RESTORE_STEP, TRAININGRUN_TERMINATION_LOG (/dev/termination-log).
 """
 
 from __future__ import annotations
@@ -9,7 +21,11 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import os
 import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
 
 from trainingrun import __version__
 
@@ -49,6 +65,132 @@ def _operator(args: argparse.Namespace) -> int:
     return 0
 
 
+class SettingsError(ValueError):
+    """An agent setting in the environment is missing or malformed."""
+
+
+def _env(env: Mapping[str, str], name: str, default: str | None = None) -> str:
+    value = env.get(name, "") or default
+    if value is None:
+        raise SettingsError(f"{name} is not set; the operator sets it in the pod it builds")
+    return value
+
+
+def _number(env: Mapping[str, str], name: str, default: str, minimum: float = 0) -> float:
+    raw = _env(env, name, default)
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
+    """(store, run location, transfer settings) from the environment."""
+    from trainingrun.storage import Store, make_client, parse_uri
+    from trainingrun.transfer import MiB, TransferSettings
+
+    try:
+        run = parse_uri(_env(env, "TRAININGRUN_STORAGE_URI"))
+    except ValueError as e:
+        raise SettingsError(f"TRAININGRUN_STORAGE_URI: {e}") from None
+    bandwidth = env.get("TRAININGRUN_MAX_BANDWIDTH_MBPS")
+    part = int(_number(env, "TRAININGRUN_PART_SIZE_MB", "32", minimum=5) * MiB)
+    transfer = TransferSettings(
+        part_size=part,
+        multipart_threshold=part,
+        concurrency=int(_number(env, "TRAININGRUN_CONCURRENCY", "8", minimum=1)),
+        max_bytes_per_second=(
+            _number(env, "TRAININGRUN_MAX_BANDWIDTH_MBPS", "0", minimum=0.1) * MiB
+            if bandwidth
+            else None
+        ),
+    )
+    client = make_client(
+        endpoint=env.get("AWS_ENDPOINT_URL") or None,
+        region=env.get("AWS_REGION") or None,
+        max_pool_connections=2 * transfer.concurrency + 4,
+    )
+    return Store(client, run.bucket), run, transfer
+
+
+def _serve_metrics(env: Mapping[str, str], registry: Any) -> None:
+    from prometheus_client import start_http_server
+
+    port = int(_number(env, "TRAININGRUN_METRICS_PORT", "9091"))
+    if not port:
+        return
+    address = env.get("TRAININGRUN_METRICS_ADDRESS") or "0.0.0.0"  # noqa: S104 - scraped in-pod
+    try:
+        start_http_server(port, address, registry=registry)
+    except OSError as e:  # a taken port must not stop the checkpoints
+        logging.getLogger("trainingrun").warning(
+            "metrics not served on %s:%d: %s", address, port, e
+        )
+
+
+def _agent_logging(verbose: bool) -> None:
+    logging.basicConfig(
+        level=logging.DEBUG if verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "watchdog"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+
+
+def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
+    from trainingrun import sync
+
+    _agent_logging(args.verbose)
+    try:
+        store, run, transfer = _agent_common(env)
+        podinfo = env.get("TRAININGRUN_PODINFO_DIR")
+        settings = sync.SyncSettings(
+            checkpoint_dir=Path(_env(env, "TRAININGRUN_CHECKPOINT_DIR")),
+            run=run,
+            keep=int(_number(env, "TRAININGRUN_KEEP", "3", minimum=1)),
+            quiet_seconds=_number(env, "TRAININGRUN_QUIET_SECONDS", "10"),
+            drain_seconds=_number(env, "TRAININGRUN_DRAIN_SECONDS", "60"),
+            checksum=_env(env, "TRAININGRUN_CHECKSUM", "auto"),
+            transfer=transfer,
+            podinfo_dir=Path(podinfo) if podinfo else None,
+        )
+        nice = int(_number(env, "TRAININGRUN_SYNC_NICE", "10"))
+    except SettingsError as e:
+        print(f"trainingrun sync: {e}", file=sys.stderr)
+        return 2
+    os.nice(nice)  # the trainer comes first for CPU
+    metrics = sync.Metrics()
+    _serve_metrics(env, metrics.registry)
+    return sync.main(store, settings, metrics)
+
+
+def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
+    from trainingrun import restore
+
+    _agent_logging(args.verbose)
+    try:
+        store, run, transfer = _agent_common(env)
+        raw_step = _env(env, "TRAININGRUN_RESTORE_STEP")
+        if not raw_step.isdigit():
+            raise SettingsError(f"TRAININGRUN_RESTORE_STEP={raw_step!r} is not a step number")
+        settings = restore.RestoreSettings(
+            checkpoint_dir=Path(_env(env, "TRAININGRUN_CHECKPOINT_DIR")),
+            run=run,
+            step=int(raw_step),
+            transfer=transfer,
+            termination_log=Path(_env(env, "TRAININGRUN_TERMINATION_LOG", "/dev/termination-log")),
+        )
+    except SettingsError as e:
+        print(f"trainingrun restore: {e}", file=sys.stderr)
+        return 2
+    metrics = restore.Metrics()
+    _serve_metrics(env, metrics.registry)
+    return restore.main(store, settings, metrics)
+
+
 def _crd(_: argparse.Namespace) -> int:
     from trainingrun.crd import render
 
@@ -73,6 +215,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     op.add_argument("-v", "--verbose", action="store_true")
     op.set_defaults(func=_operator)
+
+    sy = sub.add_parser("sync", help="run the checkpoint sync sidecar (settings from env)")
+    sy.add_argument("-v", "--verbose", action="store_true")
+    sy.set_defaults(func=_sync)
+
+    rs = sub.add_parser("restore", help="restore the chosen checkpoint (settings from env)")
+    rs.add_argument("-v", "--verbose", action="store_true")
+    rs.set_defaults(func=_restore)
 
     crd = sub.add_parser("crd", help="print the TrainingRun CRD")
     crd.set_defaults(func=_crd)

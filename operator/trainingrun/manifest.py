@@ -176,3 +176,33 @@ def listing_problems(checkpoint: CheckpointManifest, listing: dict[str, int]) ->
         elif size != f.size:
             problems.append(f"{f.path} has {size} bytes, manifest says {f.size}")
     return problems
+
+
+def with_committed(
+    manifest: RunManifest | None, entry: ManifestEntry, keep: int
+) -> tuple[RunManifest, list[ManifestEntry]]:
+    """The manifest after committing ``entry`` and keeping the newest ``keep`` steps, and the
+    entries retention dropped (their objects may be deleted once the new manifest is written).
+    Committing a step that is already there replaces its entry."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    entries = [e for e in (manifest.entries if manifest else []) if e.step != entry.step]
+    entries.append(entry)
+    entries.sort(key=lambda e: e.step)
+    kept, dropped = entries[-keep:], entries[:-keep]
+    version = manifest.version if manifest else MANIFEST_VERSION
+    return RunManifest(version=version, entries=kept), dropped
+
+
+def worth_uploading(step: int, committed: list[int], keep: int) -> bool:
+    """False for a step retention would drop at once: ``keep`` newer steps are committed."""
+    return step not in committed and sum(1 for s in committed if s > step) < keep
+
+
+def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:
+    """Both describe the same bytes (creation time aside)."""
+
+    def key(m: CheckpointManifest) -> list[tuple[str, int, str, str]]:
+        return sorted((f.path, f.size, f.checksum_algorithm, f.checksum) for f in m.files)
+
+    return a.step == b.step and key(a) == key(b)

@@ -1,0 +1,189 @@
+"""``trainingrun restore``: the init container that puts the chosen checkpoint on local disk.
+
+Reads ``manifest.json`` and the step's ``MANIFEST.json``, downloads every file with parallel
+ranged GETs into a staging folder, verifies each size and checksum as it lands, and only then
+renames the folder to ``checkpoint-<step>/`` (marked complete, so sync does not upload it again).
+Object names that would escape the folder are refused before anything is written.
+
+Exit codes (documented in docs/, read by the operator):
+
+- 0: restored and verified.
+- 3 (``RESTORE_EXIT_CHECKPOINT_BAD``): the checkpoint is not usable: not committed, its
+  ``MANIFEST.json`` missing or malformed, an object missing, short, or with a wrong checksum, or
+  a name escaping the folder. The termination message names the checkpoint and the file; the
+  operator marks the step bad and resubmits from the previous committed one.
+- 1: anything else (endpoint unreachable, access denied): the attempt failed and is retried.
+- 2: the container's settings are wrong (missing environment).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter
+
+from trainingrun import checksum, local
+from trainingrun.decide.classify import RESTORE_EXIT_CHECKPOINT_BAD
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    RUN_MANIFEST,
+    CheckpointManifest,
+    ManifestError,
+    checkpoint_dirname,
+    checkpoint_prefix,
+    parse_checkpoint_manifest,
+    parse_run_manifest,
+    safe_relative_path,
+)
+from trainingrun.storage import Location, NotFound, StorageError, Store
+from trainingrun.transfer import (
+    Progress,
+    Transfer,
+    TransferSettings,
+    VerificationFailed,
+    format_bytes,
+)
+
+log = logging.getLogger("trainingrun.restore")
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+class CheckpointBad(Exception):
+    """The chosen checkpoint cannot be trusted; the message names it and the file."""
+
+
+@dataclass(frozen=True)
+class RestoreSettings:
+    checkpoint_dir: Path
+    run: Location
+    step: int
+    transfer: TransferSettings = field(default_factory=TransferSettings)
+    termination_log: Path = Path("/dev/termination-log")
+
+
+class Metrics:
+    def __init__(self, registry: Any = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.bytes = Counter(
+            "trainingrun_restore_downloaded_bytes", "Bytes downloaded.", registry=self.registry
+        )
+        self.failures = Counter(
+            "trainingrun_restore_failures",
+            "Failed restores, by reason.",
+            ["reason"],
+            registry=self.registry,
+        )
+
+
+def target_path(folder: Path, relative: str) -> Path:
+    """Where a checkpoint file goes; refuses a name that would land outside ``folder``."""
+    try:
+        safe_relative_path(relative)
+    except ManifestError as e:
+        raise CheckpointBad(str(e)) from e
+    path = (folder / relative).resolve()
+    if not path.is_relative_to(folder.resolve()):
+        raise CheckpointBad(f"file name {relative!r} escapes the checkpoint folder")
+    return path
+
+
+def read_checkpoint(store: Store, s: RestoreSettings) -> CheckpointManifest:
+    """The step's MANIFEST.json, once manifest.json confirms the step is committed."""
+    what = checkpoint_dirname(s.step)
+    raw = store.get(s.run.key(RUN_MANIFEST))
+    if raw is None:
+        raise CheckpointBad(f"{what}: s3://{s.run.bucket}/{s.run.key(RUN_MANIFEST)} does not exist")
+    try:
+        manifest = parse_run_manifest(raw)
+    except ManifestError as e:
+        raise CheckpointBad(f"{what}: {e}") from e
+    if all(e.step != s.step for e in manifest.entries):
+        raise CheckpointBad(f"{what} is not committed in {RUN_MANIFEST}")
+    prefix = s.run.key(checkpoint_prefix(s.step))
+    raw = store.get(f"{prefix}/{CHECKPOINT_MANIFEST}")
+    if raw is None:
+        raise CheckpointBad(f"{what}: {CHECKPOINT_MANIFEST} is missing")
+    try:
+        ckpt = parse_checkpoint_manifest(raw, s.step)
+    except ManifestError as e:
+        raise CheckpointBad(f"{what}: {e}") from e
+    return ckpt
+
+
+def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) -> Path:
+    """Downloads and verifies checkpoint ``s.step``; returns its local folder."""
+    metrics = metrics or Metrics()
+    what = checkpoint_dirname(s.step)
+    prefix = s.run.key(checkpoint_prefix(s.step))
+    ckpt = read_checkpoint(store, s)
+    final = s.checkpoint_dir / what
+    staging = s.checkpoint_dir / f".restore-{what}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    files = []
+    algos = {}
+    for f in ckpt.files:
+        dest = target_path(staging, f.path)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        key = f"{prefix}/{f.path}"
+        try:
+            algos[key] = checksum.algorithm(f.checksum_algorithm)
+        except ValueError as e:
+            raise CheckpointBad(f"{what}: {f.path}: {e}") from e
+        files.append((key, str(dest), f.size, f.checksum))
+
+    progress = Progress(what, ckpt.total_bytes, len(files), on_bytes=metrics.bytes.inc)
+    log.info("%s: downloading %d files, %s", what, len(files), format_bytes(ckpt.total_bytes))
+    started = time.monotonic()
+    transfer = Transfer(store, s.transfer)
+    try:
+        transfer.download_files(files, algos.__getitem__, progress)
+    except VerificationFailed as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointBad(f"{what} is corrupt: {e}") from e
+    except NotFound as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise CheckpointBad(f"{what}: an object is gone: {e}") from e
+    finally:
+        transfer.close()
+    shutil.rmtree(final, ignore_errors=True)
+    staging.rename(final)
+    local.mark_complete(final)
+    elapsed = time.monotonic() - started
+    log.info(
+        "%s restored and verified: %d files, %s in %.1f s (%s/s)",
+        what,
+        len(files),
+        format_bytes(ckpt.total_bytes),
+        elapsed,
+        format_bytes(ckpt.total_bytes / max(elapsed, 1e-6)),
+    )
+    return final
+
+
+def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
+    try:
+        restore(store, s, metrics)
+        return EXIT_OK
+    except CheckpointBad as e:
+        metrics.failures.labels("CheckpointBad").inc()
+        message = f"checkpoint bad: {e}"
+        code = RESTORE_EXIT_CHECKPOINT_BAD
+    except StorageError as e:
+        metrics.failures.labels(type(e).__name__).inc()
+        message = f"restore failed: {e}"
+        code = EXIT_ERROR
+    log.error("%s", message)
+    try:
+        s.termination_log.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
+    except OSError as e:
+        log.warning("could not write the termination message to %s: %s", s.termination_log, e)
+    return code

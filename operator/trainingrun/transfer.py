@@ -1,0 +1,342 @@
+"""Moving checkpoint files between a local folder and the bucket, in parallel and checksummed.
+
+Upload: a file up to ``multipart_threshold`` is one checksummed PUT; a larger one is a multipart
+upload whose parts are read (``pread``), checksummed and sent by a pool of workers, each part
+checked by the endpoint, and the whole object checked again at completion with the combined
+full-object checksum. Download: parallel ranged GETs written in place (``pwrite``), each range
+checksummed as it lands and combined, so no file is read twice. SHA256 (for endpoints without
+CRC support) cannot be combined and costs one extra sequential read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainingrun.checksum import Algorithm, digest, file_digest
+from trainingrun.storage import Store
+
+log = logging.getLogger("trainingrun.transfer")
+
+MiB = 1 << 20
+
+
+class Cancelled(Exception):
+    """The transfer was stopped (SIGTERM deadline); nothing it started is committed."""
+
+
+class FileChanged(Exception):
+    """A file changed while it was being uploaded; the checkpoint is not complete yet."""
+
+
+class VerificationFailed(Exception):
+    """A downloaded or uploaded object does not match its recorded size or checksum."""
+
+
+@dataclass(frozen=True)
+class TransferSettings:
+    part_size: int = 32 * MiB
+    multipart_threshold: int = 32 * MiB
+    concurrency: int = 8
+    # Bandwidth cap in bytes per second, None for none; so sync never starves the trainer's I/O.
+    max_bytes_per_second: float | None = None
+
+
+def format_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class Throttle:
+    """A token bucket shared by the workers of one process; a no-op without a rate."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._next = time.monotonic()
+
+    def take(self, n: int) -> None:
+        if not self.rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + n / self.rate
+        if start > now:
+            time.sleep(start - now)
+
+
+@dataclass
+class Progress:
+    """Bytes and files done of a transfer, logged as one readable line every ``every`` seconds."""
+
+    what: str
+    total_bytes: int
+    total_files: int
+    every: float = 5.0
+    on_bytes: Callable[[int], None] | None = None
+    done_bytes: int = 0
+    done_files: int = 0
+    started: float = field(default_factory=time.monotonic)
+    _last_log: float = field(default_factory=time.monotonic)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, n: int) -> None:
+        if self.on_bytes:
+            self.on_bytes(n)
+        with self._lock:
+            self.done_bytes += n
+            now = time.monotonic()
+            if now - self._last_log < self.every:
+                return
+            self._last_log = now
+        log.info("%s", self.line())
+
+    def file_done(self) -> None:
+        with self._lock:
+            self.done_files += 1
+
+    def rate(self) -> float:
+        return self.done_bytes / max(time.monotonic() - self.started, 1e-6)
+
+    def line(self) -> str:
+        pct = 100 * self.done_bytes / self.total_bytes if self.total_bytes else 100
+        return (
+            f"{self.what}: {format_bytes(self.done_bytes)} / {format_bytes(self.total_bytes)} "
+            f"({pct:.0f}%), {self.done_files}/{self.total_files} files, "
+            f"{format_bytes(self.rate())}/s"
+        )
+
+
+def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
+    return (st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def _read_at(fd: int, offset: int, length: int) -> bytes:
+    chunks = []
+    while length:
+        chunk = os.pread(fd, length, offset)
+        if not chunk:
+            raise FileChanged(f"file shrank while being read at offset {offset}")
+        chunks.append(chunk)
+        offset += len(chunk)
+        length -= len(chunk)
+    return b"".join(chunks)
+
+
+class Transfer:
+    """One pool of workers; cancel() stops every file at its next part and aborts open
+    multipart uploads, so nothing half-sent is left behind."""
+
+    def __init__(self, store: Store, settings: TransferSettings) -> None:
+        self.store = store
+        self.settings = settings
+        self.throttle = Throttle(settings.max_bytes_per_second)
+        self.cancelled = threading.Event()
+        # Files run on one pool, the parts of large files on another, so a file's worker that
+        # waits for its parts can never starve the pool it runs on.
+        self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="file")
+        self._parts = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="part")
+        self._open: dict[str, str] = {}  # upload id -> key
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._parts.shutdown(wait=True, cancel_futures=True)
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+    def abort_open_uploads(self) -> int:
+        with self._lock:
+            pending = list(self._open.items())
+            self._open.clear()
+        for upload_id, key in pending:
+            try:
+                self.store.abort_multipart(key, upload_id)
+            except Exception as e:  # best effort; an unfinished upload is never committed
+                log.warning("could not abort the multipart upload of %s: %s", key, e)
+        return len(pending)
+
+    def _check(self) -> None:
+        if self.cancelled.is_set():
+            raise Cancelled("transfer cancelled")
+
+    # -- upload ---------------------------------------------------------------------------
+
+    def upload_files(
+        self, files: list[tuple[str, str]], algo: Algorithm, progress: Progress
+    ) -> dict[str, str]:
+        """Uploads (local path, key) pairs; returns key -> encoded full-object checksum."""
+        futures: list[tuple[str, Future[str]]] = []
+        small = [
+            (p, k) for p, k in files if os.path.getsize(p) <= self.settings.multipart_threshold
+        ]
+        large = [(p, k) for p, k in files if (p, k) not in small]
+        for path, key in large:  # the big ones first: their parts keep every worker busy
+            futures.append((key, self._pool.submit(self._upload_large, path, key, algo, progress)))
+        for path, key in small:
+            futures.append((key, self._pool.submit(self._upload_small, path, key, algo, progress)))
+        return self._gather(futures)
+
+    def _gather(self, futures: list[tuple[str, Future[str]]]) -> dict[str, str]:
+        results: dict[str, str] = {}
+        error: BaseException | None = None
+        for key, fut in futures:
+            try:
+                results[key] = fut.result()
+            except BaseException as e:
+                error = error or e
+        if error:
+            raise error
+        return results
+
+    def _upload_small(self, path: str, key: str, algo: Algorithm, progress: Progress) -> str:
+        self._check()
+        with open(path, "rb") as f:
+            before = _stat_key(os.fstat(f.fileno()))
+            data = f.read()
+            if _stat_key(os.fstat(f.fileno())) != before or len(data) != before[0]:
+                raise FileChanged(f"{path} changed while being read")
+        checksum = digest(algo, data)
+        self.throttle.take(len(data))
+        self._check()
+        self.store.put_checked(key, data, algo.header, checksum)
+        progress.add(len(data))
+        progress.file_done()
+        return checksum
+
+    def _upload_large(self, path: str, key: str, algo: Algorithm, progress: Progress) -> str:
+        """Runs in a worker: opens the upload, fans the parts out to the pool, completes."""
+        self._check()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            before = _stat_key(os.fstat(fd))
+            size = before[0]
+            part = self.settings.part_size
+            upload_id = self.store.create_multipart(key, algo.name, full_object=algo.combinable)
+            with self._lock:
+                self._open[upload_id] = key
+            ranges = [
+                (i + 1, off, min(part, size - off)) for i, off in enumerate(range(0, size, part))
+            ]
+            results = self._parts.map(
+                lambda r: self._upload_part(fd, key, upload_id, r, algo, progress), ranges
+            )
+            parts = list(results)
+            if _stat_key(os.fstat(fd)) != before:
+                raise FileChanged(f"{path} changed while being uploaded")
+            self._check()
+            full = (
+                algo.encode(algo.combine((p[1], p[2]) for p in parts)) if algo.combinable else None
+            )
+            entries = [p[0] for p in parts]
+            self.store.complete_multipart(key, upload_id, entries, algo.header, full)
+            with self._lock:
+                self._open.pop(upload_id, None)
+        except BaseException:
+            self.abort_open_uploads_for(key)
+            raise
+        finally:
+            os.close(fd)
+        progress.file_done()
+        return full if full is not None else file_digest(algo, path)
+
+    def abort_open_uploads_for(self, key: str) -> None:
+        with self._lock:
+            ids = [u for u, k in self._open.items() if k == key]
+            for u in ids:
+                self._open.pop(u)
+        for u in ids:
+            try:
+                self.store.abort_multipart(key, u)
+            except Exception as e:
+                log.warning("could not abort the multipart upload of %s: %s", key, e)
+
+    def _upload_part(
+        self,
+        fd: int,
+        key: str,
+        upload_id: str,
+        rng: tuple[int, int, int],
+        algo: Algorithm,
+        progress: Progress,
+    ) -> tuple[dict[str, Any], int, int]:
+        number, offset, length = rng
+        self._check()
+        data = _read_at(fd, offset, length)
+        crc = algo.of(data) if algo.combinable else 0
+        encoded = algo.encode(crc) if algo.combinable else digest(algo, data)
+        self.throttle.take(length)
+        self._check()
+        entry = self.store.upload_part(key, upload_id, number, data, algo.header, encoded)
+        progress.add(length)
+        return entry, crc, length
+
+    # -- download -------------------------------------------------------------------------
+
+    def download_files(
+        self,
+        files: list[tuple[str, str, int, str]],
+        algo_of: Callable[[str], Algorithm],
+        progress: Progress,
+    ) -> None:
+        """Downloads (key, local path, size, expected checksum) and verifies each; raises
+        VerificationFailed naming the first file that does not match."""
+        futures = [
+            (
+                key,
+                self._pool.submit(
+                    self._download, key, path, size, expected, algo_of(key), progress
+                ),
+            )
+            for key, path, size, expected in sorted(files, key=lambda f: -f[2])
+        ]
+        self._gather(futures)
+
+    def _download(
+        self, key: str, path: str, size: int, expected: str, algo: Algorithm, progress: Progress
+    ) -> str:
+        self._check()
+        part = self.settings.part_size
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
+
+            def fetch(r: tuple[int, int]) -> tuple[int, int]:
+                offset, length = r
+                self._check()
+                self.throttle.take(length)
+                data = self.store.get_range(key, offset, offset + length - 1)
+                if len(data) != length:
+                    raise VerificationFailed(
+                        f"{key}: got {len(data)} bytes at offset {offset}, expected {length} "
+                        f"(object shorter than its recorded {size} bytes)"
+                    )
+                os.pwrite(fd, data, offset)
+                progress.add(length)
+                return (algo.of(data) if algo.combinable else 0), length
+
+            crcs = list(self._parts.map(fetch, ranges)) if size else []
+        finally:
+            os.close(fd)
+        if algo.combinable:
+            actual = algo.encode(algo.combine(crcs) if crcs else algo.of(b""))
+        else:
+            actual = file_digest(algo, path)
+        if actual != expected:
+            raise VerificationFailed(
+                f"{key}: {algo.name} checksum {actual} does not match the recorded {expected}"
+            )
+        progress.file_done()
+        return actual
