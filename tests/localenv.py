@@ -106,7 +106,7 @@ def _log(msg: str) -> None:
     print(f"[localenv] {msg}", file=sys.stderr, flush=True)
 
 
-def _free_ports(count: int) -> list[int]:
+def free_ports(count: int) -> list[int]:
     """Distinct free loopback ports, held open together so they are not handed out twice."""
     socks = []
     try:
@@ -256,10 +256,7 @@ def _s3_ready(env: LocalEnv) -> bool:
     return True
 
 
-def _start_seaweedfs(sdir: Path) -> tuple[int, str, str, str]:
-    """Starts SeaweedFS with an S3 gateway; returns (pid, endpoint, access key, secret key)."""
-    access_key = "tr" + secrets.token_hex(8)
-    secret_key = secrets.token_urlsafe(30)
+def _write_s3_identities(sdir: Path, access_key: str, secret_key: str) -> Path:
     s3_config = sdir / "s3-identities.json"
     s3_config.write_text(
         json.dumps(
@@ -275,11 +272,21 @@ def _start_seaweedfs(sdir: Path) -> tuple[int, str, str, str]:
         )
     )
     s3_config.chmod(0o600)
+    return s3_config
+
+
+SEAWEEDFS_PORTS = 9
+
+
+def seaweedfs_process(
+    sdir: Path, ports: list[int], access_key: str, secret_key: str
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Starts ``weed server -s3`` with its data in ``sdir`` on the given 9 loopback ports;
+    returns the process and the S3 endpoint. Same ``sdir`` and ports: a restart keeps the data."""
+    s3_config = _write_s3_identities(sdir, access_key, secret_key)
     data = sdir / "seaweedfs"
     data.mkdir(parents=True, exist_ok=True)
-    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, metrics = _free_ports(
-        9
-    )
+    master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, metrics = ports
     args = [
         str(_weed_binary()),
         "server",
@@ -313,12 +320,19 @@ def _start_seaweedfs(sdir: Path) -> tuple[int, str, str, str]:
     proc = subprocess.Popen(
         args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=sdir
     )
-    endpoint = f"http://127.0.0.1:{s3}"
+    return proc, f"http://127.0.0.1:{s3}"
+
+
+def _start_seaweedfs(sdir: Path) -> tuple[int, str, str, str]:
+    """Starts SeaweedFS with an S3 gateway; returns (pid, endpoint, access key, secret key)."""
+    access_key = "tr" + secrets.token_hex(8)
+    secret_key = secrets.token_urlsafe(30)
+    proc, endpoint = seaweedfs_process(sdir, free_ports(SEAWEEDFS_PORTS), access_key, secret_key)
     _log(f"starting SeaweedFS (pid {proc.pid}, S3 at {endpoint})")
     return proc.pid, endpoint, access_key, secret_key
 
 
-def _wait_s3(env: LocalEnv, sdir: Path) -> None:
+def wait_s3(env: LocalEnv, sdir: Path) -> None:
     deadline = time.monotonic() + READY_TIMEOUT_S
     while time.monotonic() < deadline:
         if not _pid_alive(env.seaweedfs_pid):
@@ -330,7 +344,7 @@ def _wait_s3(env: LocalEnv, sdir: Path) -> None:
     raise RuntimeError(f"SeaweedFS S3 not ready after {READY_TIMEOUT_S}s; see {sdir}/seaweedfs.log")
 
 
-def _ensure_bucket(env: LocalEnv) -> None:
+def ensure_bucket(env: LocalEnv) -> None:
     client = s3_client(env)
     deadline = time.monotonic() + READY_TIMEOUT_S
     probe = ".localenv-probe"
@@ -349,7 +363,7 @@ def _ensure_bucket(env: LocalEnv) -> None:
             time.sleep(0.5)
 
 
-def _stop_pid(pid: int, grace_s: float = 15) -> None:
+def stop_pid(pid: int, grace_s: float = 15) -> None:
     if not _pid_alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
@@ -410,8 +424,8 @@ def up() -> LocalEnv:
         seaweedfs_pid=pid,
     )
     try:
-        _wait_s3(env, sdir)
-        _ensure_bucket(env)
+        wait_s3(env, sdir)
+        ensure_bucket(env)
     except Exception:
         down(quiet=True)
         raise
@@ -449,11 +463,11 @@ def down(quiet: bool = False) -> None:
     operator_pid = sdir / "operator.pid"
     if operator_pid.exists():
         with contextlib.suppress(ValueError):
-            _stop_pid(int(operator_pid.read_text() or 0))
+            stop_pid(int(operator_pid.read_text() or 0))
     env_file = sdir / "env.json"
     if env_file.exists():
         with contextlib.suppress(Exception):
-            _stop_pid(int(json.loads(env_file.read_text())["seaweedfs_pid"]))
+            stop_pid(int(json.loads(env_file.read_text())["seaweedfs_pid"]))
     kwokctl = CACHE / "bin" / "kwokctl"
     if kwokctl.exists():
         _kwokctl(CACHE / "bin", "delete", "cluster", "--name", name, check=False)

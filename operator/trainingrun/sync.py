@@ -81,6 +81,9 @@ from trainingrun.transfer import (
 log = logging.getLogger("trainingrun.sync")
 
 CAS_ATTEMPTS = 20
+# Failures that retrying does not fix; the loop still retries them slowly (someone may fix the
+# bucket or the Secret), but a drain does not wait for them.
+PERMANENT = (StorageAccessDenied, NotFound, StorageRejected, ManifestError)
 
 
 def now_rfc3339() -> str:
@@ -429,6 +432,8 @@ class Sync:
                     break
                 except (StorageError, ManifestError, FileChanged, VerificationFailed) as e:
                     self._failed(e)
+                    if isinstance(e, PERMANENT):
+                        break  # waiting out the grace period would not change it
                     time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
         finally:
             timer.cancel()
@@ -447,9 +452,7 @@ class Sync:
     def _failed(self, e: BaseException) -> None:
         reason = type(e).__name__
         self.metrics.failures.labels(reason).inc()
-        hint = ""
-        if isinstance(e, StorageAccessDenied | NotFound | StorageRejected | ManifestError):
-            hint = " (will not fix itself: see the message)"
+        hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
         log.error("sync: %s: %s%s; retrying", reason, e, hint)
 
     # -- notice and progress --------------------------------------------------------------

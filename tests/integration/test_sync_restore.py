@@ -1,0 +1,486 @@
+"""``trainingrun sync`` and ``trainingrun restore`` as real processes against SeaweedFS.
+
+Covers: a checkpoint committed and restored bit for bit; completion by marker and by quiet
+period, non-checkpoints ignored; retention; SIGKILL mid-upload never commits anything partial
+and the restarted sync commits; the endpoint down for 30 s during an upload; a file that changes
+while uploading; an object corrupted after commit (restore exits 3 naming it); two writers of
+manifest.json at once; a name escaping the folder; a malformed or future manifest left untouched;
+SIGTERM drains the newest checkpoint; a preemption notice becomes a save request; wrong
+credentials and a missing bucket give clear errors.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.agents import (
+    S3,
+    PrivateSeaweedFS,
+    SyncProcess,
+    agent_env,
+    make_checkpoint,
+    run_restore,
+    wait_committed,
+    wait_log,
+)
+from tests.integration.support import wait_for
+from trainingrun import local
+from trainingrun.checksum import CRC64NVME
+from trainingrun.decide.classify import NOTICE_ANNOTATION, RESTORE_EXIT_CHECKPOINT_BAD
+from trainingrun.manifest import ManifestEntry, checkpoint_prefix
+from trainingrun.storage import Credentials, Location, Store, make_client
+from trainingrun.sync import Capabilities, Committer
+
+MiB = 1 << 20
+HF_LIKE = {
+    "model.safetensors": 40 * MiB,
+    "optimizer.pt": 70 * MiB,
+    "scheduler.pt": 1500,
+    "rng_state.pth": 14000,
+    "training_args.bin": 5000,
+    "config.json": 700,
+}
+
+
+@pytest.fixture
+def s3(localenv: Any) -> S3:
+    return S3.of(localenv)
+
+
+@pytest.fixture
+def run_key() -> str:
+    return f"agents/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def syncs(tmp_path: Path) -> Iterator[list[SyncProcess]]:
+    started: list[SyncProcess] = []
+    yield started
+    for proc in started:
+        proc.close()
+
+
+def start_sync(syncs: list[SyncProcess], env: dict[str, str], tmp_path: Path) -> SyncProcess:
+    proc = SyncProcess(env, tmp_path / f"sync-{len(syncs)}.log")
+    syncs.append(proc)
+    return proc
+
+
+def manifest_of(client: Any, bucket: str, run_key: str) -> dict[str, Any] | None:
+    try:
+        body = client.get_object(Bucket=bucket, Key=f"{run_key}/manifest.json")["Body"].read()
+    except client.exceptions.NoSuchKey:
+        return None
+    return dict(json.loads(body))
+
+
+def keys_under(client: Any, bucket: str, prefix: str) -> list[str]:
+    resp = client.list_objects_v2(Bucket=bucket, Prefix=prefix)
+    return [o["Key"] for o in resp.get("Contents") or []]
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    files_a = sorted(
+        p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.name != local.COMPLETE_MARKER
+    )
+    files_b = sorted(
+        p.relative_to(b) for p in b.rglob("*") if p.is_file() and p.name != local.COMPLETE_MARKER
+    )
+    return files_a == files_b and all((a / f).read_bytes() == (b / f).read_bytes() for f in files_a)
+
+
+def test_checkpoint_committed_then_restored_bit_for_bit(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    src = make_checkpoint(ckdir, 10, HF_LIKE)
+    proc = start_sync(syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir), tmp_path)
+    manifest = wait_committed(client, s3.bucket, run_key, 10, timeout=120)
+    assert manifest["latest"] == 10
+    entry = manifest["entries"][0]
+    assert entry["files"] == len(HF_LIKE) + 1  # + trainer_state.json; the marker is not uploaded
+    assert entry["bytes"] == sum(HF_LIKE.values()) + (src / local.TRAINER_STATE).stat().st_size
+    ckpt = json.loads(
+        client.get_object(
+            Bucket=s3.bucket, Key=f"{run_key}/checkpoints/checkpoint-10/MANIFEST.json"
+        )["Body"].read()
+    )
+    assert {f["checksum_algorithm"] for f in ckpt["files"]} == {"CRC64NVME"}
+    assert local.COMPLETE_MARKER not in {f["path"] for f in ckpt["files"]}
+    assert proc.terminate() == 0
+    assert "checkpoint-10 committed" in proc.log()
+
+    restored = tmp_path / "restored"
+    result = run_restore(
+        agent_env(s3, f"s3://{s3.bucket}/{run_key}", restored, TRAININGRUN_RESTORE_STEP="10")
+    )
+    assert result.returncode == 0, result.stderr
+    assert "restored and verified" in result.stderr
+    assert same_tree(src, restored / "checkpoint-10")
+    assert (restored / "checkpoint-10" / local.COMPLETE_MARKER).exists()
+
+
+def test_quiet_period_completes_unmarked_and_ignores_non_checkpoints(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    make_checkpoint(ckdir, 5, {"weights.bin": 2 * MiB}, marked=False)
+    not_a_checkpoint = ckdir / "checkpoint-6"  # no trainer_state.json: never complete
+    not_a_checkpoint.mkdir(parents=True)
+    (not_a_checkpoint / "partial.bin").write_bytes(b"x" * 1000)
+    (ckdir / "runs").mkdir()
+    (ckdir / "runs" / "events.log").write_text("not a checkpoint folder")
+    start_sync(syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir), tmp_path)
+    wait_committed(client, s3.bucket, run_key, 5, timeout=60)
+    make_checkpoint(ckdir, 7, {"weights.bin": MiB})
+    manifest = wait_committed(client, s3.bucket, run_key, 7, timeout=60)
+    assert sorted(e["step"] for e in manifest["entries"]) == [5, 7]
+    assert keys_under(client, s3.bucket, f"{run_key}/checkpoints/checkpoint-6/") == []
+    assert not [k for k in keys_under(client, s3.bucket, run_key) if "runs/" in k]
+
+
+def test_retention_keeps_newest_and_deletes_dropped_objects(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    start_sync(
+        syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_KEEP="2"), tmp_path
+    )
+    for step in (10, 20, 30):
+        make_checkpoint(ckdir, step, {"weights.bin": MiB})
+        wait_committed(client, s3.bucket, run_key, step, timeout=60)
+    manifest = manifest_of(client, s3.bucket, run_key)
+    assert manifest is not None
+    assert [e["step"] for e in manifest["entries"]] == [20, 30]
+    wait_for(
+        lambda: not keys_under(client, s3.bucket, f"{run_key}/checkpoints/checkpoint-10/"),
+        30,
+        "checkpoint-10 objects deleted",
+    )
+    assert keys_under(client, s3.bucket, f"{run_key}/checkpoints/checkpoint-20/")
+
+
+def test_sigkill_mid_upload_commits_nothing_partial_then_restart_commits(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    src = make_checkpoint(ckdir, 40, {"model.safetensors": 120 * MiB, "config.json": 500})
+    uri = f"s3://{s3.bucket}/{run_key}"
+    slow = start_sync(
+        syncs, agent_env(s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"), tmp_path
+    )
+    wait_log(slow, "checkpoint-40: uploading", timeout=60)
+    time.sleep(2.5)  # well inside the ~6 s the throttled upload takes
+    slow.kill()
+    assert manifest_of(client, s3.bucket, run_key) is None
+    assert f"{run_key}/checkpoints/checkpoint-40/MANIFEST.json" not in keys_under(
+        client, s3.bucket, run_key
+    )
+    assert client.list_multipart_uploads(Bucket=s3.bucket, Prefix=run_key).get("Uploads")
+
+    again = start_sync(syncs, agent_env(s3, uri, ckdir), tmp_path)
+    wait_committed(client, s3.bucket, run_key, 40, timeout=120)
+    assert "aborted 1 unfinished multipart uploads" in again.log()
+    assert not client.list_multipart_uploads(Bucket=s3.bucket, Prefix=run_key).get("Uploads")
+    restored = tmp_path / "restored"
+    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="40"))
+    assert result.returncode == 0, result.stderr
+    assert same_tree(src, restored / "checkpoint-40")
+
+
+def test_endpoint_down_30s_during_upload_then_committed(
+    tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    server = PrivateSeaweedFS(tmp_path / "seaweedfs")
+    server.start()
+    try:
+        client = server.s3.client()
+        ckdir = tmp_path / "ck"
+        src = make_checkpoint(ckdir, 60, {"model.safetensors": 100 * MiB, "config.json": 500})
+        uri = f"s3://{server.s3.bucket}/outage"
+        proc = start_sync(
+            syncs, agent_env(server.s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"), tmp_path
+        )
+        wait_log(proc, "checkpoint-60: uploading", timeout=60)
+        time.sleep(1.5)
+        server.stop()
+        down_since = time.monotonic()
+        time.sleep(30)
+        assert proc.proc.poll() is None, "sync exited while the endpoint was down"
+        server.start()
+        manifest = wait_committed(client, server.s3.bucket, "outage", 60, timeout=180)
+        assert manifest["latest"] == 60
+        assert time.monotonic() - down_since >= 30
+        assert "StorageUnavailable" in proc.log()
+        restored = tmp_path / "restored"
+        result = run_restore(agent_env(server.s3, uri, restored, TRAININGRUN_RESTORE_STEP="60"))
+        assert result.returncode == 0, result.stderr
+        assert same_tree(src, restored / "checkpoint-60")
+    finally:
+        for p in syncs:
+            p.close()
+        server.stop()
+
+
+def test_file_changing_during_upload_is_not_committed_until_stable(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    folder = make_checkpoint(ckdir, 70, {"model.safetensors": 60 * MiB}, marked=False)
+    weights = folder / "model.safetensors"
+    proc = start_sync(
+        syncs,
+        agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"),
+        tmp_path,
+    )
+    wait_log(proc, "checkpoint-70: uploading", timeout=60)
+    with weights.open("ab") as f:  # the trainer is still writing
+        f.write(b"y" * MiB)
+    manifest = wait_committed(client, s3.bucket, run_key, 70, timeout=120)
+    assert "FileChanged" in proc.log()
+    ckpt = json.loads(
+        client.get_object(
+            Bucket=s3.bucket, Key=f"{run_key}/checkpoints/checkpoint-70/MANIFEST.json"
+        )["Body"].read()
+    )
+    sizes = {f["path"]: f["size"] for f in ckpt["files"]}
+    assert sizes["model.safetensors"] == 61 * MiB
+    assert manifest["entries"][0]["step"] == 70
+
+
+def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    make_checkpoint(ckdir, 10, {"model.safetensors": 3 * MiB, "config.json": 500})
+    uri = f"s3://{s3.bucket}/{run_key}"
+    start_sync(syncs, agent_env(s3, uri, ckdir), tmp_path)
+    wait_committed(client, s3.bucket, run_key, 10, timeout=60)
+    key = f"{run_key}/checkpoints/checkpoint-10/model.safetensors"
+    body = bytearray(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    body[len(body) // 2] ^= 0xFF  # one flipped byte, same size
+    client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
+
+    restored = tmp_path / "restored"
+    term = tmp_path / "termination-log"
+    result = run_restore(
+        agent_env(
+            s3,
+            uri,
+            restored,
+            TRAININGRUN_RESTORE_STEP="10",
+            TRAININGRUN_TERMINATION_LOG=str(term),
+        )
+    )
+    assert result.returncode == RESTORE_EXIT_CHECKPOINT_BAD, result.stderr
+    message = term.read_text()
+    assert "checkpoint-10" in message and "model.safetensors" in message
+    assert "checksum" in message
+    assert not (restored / "checkpoint-10").exists()
+    assert not [p for p in restored.iterdir() if p.name.startswith(".restore")]
+
+
+def test_two_writers_updating_manifest_at_once_lose_nothing(s3: S3, run_key: str) -> None:
+    run = Location(s3.bucket, run_key)
+    caps = Capabilities(CRC64NVME, verifies_checksums=True, conditional_writes=True)
+    barrier = threading.Barrier(2)
+    errors: list[BaseException] = []
+
+    def writer(steps: range) -> None:
+        store = Store(
+            make_client(
+                s3.endpoint,
+                s3.region,
+                credentials=Credentials(s3.access_key, s3.secret_key),
+            ),
+            s3.bucket,
+        )
+        committer = Committer(store, run, caps, keep=1000)
+        barrier.wait(timeout=30)
+        try:
+            for step in steps:
+                committer.commit(
+                    ManifestEntry(
+                        step=step,
+                        prefix=checkpoint_prefix(step),
+                        committed="2026-11-22T00:00:00Z",
+                        files=1,
+                        bytes=1,
+                    )
+                )
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [
+        threading.Thread(target=writer, args=(range(0, 40, 2),)),
+        threading.Thread(target=writer, args=(range(1, 40, 2),)),
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    manifest = manifest_of(s3.client(), s3.bucket, run_key)
+    assert manifest is not None
+    assert sorted(e["step"] for e in manifest["entries"]) == list(range(40))
+
+
+def test_name_escaping_the_folder_is_refused(s3: S3, run_key: str, tmp_path: Path) -> None:
+    client = s3.client()
+    prefix = f"{run_key}/checkpoints/checkpoint-3"
+    client.put_object(Bucket=s3.bucket, Key=f"{prefix}/x", Body=b"evil")
+    evil = {
+        "version": 1,
+        "step": 3,
+        "created": "2026-11-22T00:00:00Z",
+        "files": [
+            {"path": "../../x", "size": 4, "checksum_algorithm": "CRC32", "checksum": "AAAAAA=="}
+        ],
+    }
+    client.put_object(
+        Bucket=s3.bucket, Key=f"{prefix}/MANIFEST.json", Body=json.dumps(evil).encode()
+    )
+    run_manifest = {
+        "version": 1,
+        "latest": 3,
+        "entries": [
+            {
+                "step": 3,
+                "prefix": "checkpoints/checkpoint-3/",
+                "committed": "2026-11-22T00:00:00Z",
+                "files": 1,
+                "bytes": 4,
+            }
+        ],
+    }
+    client.put_object(
+        Bucket=s3.bucket, Key=f"{run_key}/manifest.json", Body=json.dumps(run_manifest).encode()
+    )
+    restored = tmp_path / "a" / "b" / "restored"
+    result = run_restore(
+        agent_env(
+            s3,
+            f"s3://{s3.bucket}/{run_key}",
+            restored,
+            TRAININGRUN_RESTORE_STEP="3",
+            TRAININGRUN_TERMINATION_LOG=str(tmp_path / "term"),
+        )
+    )
+    assert result.returncode == RESTORE_EXIT_CHECKPOINT_BAD, result.stderr
+    assert "'../../x'" in (tmp_path / "term").read_text()
+    assert not list(tmp_path.rglob("x"))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        pytest.param(b"{not json", id="malformed"),
+        pytest.param(json.dumps({"version": 99, "entries": []}).encode(), id="future-version"),
+    ],
+)
+def test_untrusted_manifest_is_never_overwritten(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], body: bytes
+) -> None:
+    client = s3.client()
+    client.put_object(Bucket=s3.bucket, Key=f"{run_key}/manifest.json", Body=body)
+    ckdir = tmp_path / "ck"
+    make_checkpoint(ckdir, 10, {"weights.bin": MiB})
+    proc = start_sync(syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir), tmp_path)
+    wait_log(proc, "ManifestError", timeout=60)
+    assert proc.terminate() == 0
+    assert (
+        client.get_object(Bucket=s3.bucket, Key=f"{run_key}/manifest.json")["Body"].read() == body
+    )
+    assert "manifest.json" in proc.log()
+
+
+def test_sigterm_drains_the_newest_checkpoint(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = s3.client()
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    proc = start_sync(
+        syncs,
+        agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_QUIET_SECONDS="600"),
+        tmp_path,
+    )
+    wait_log(proc, "endpoint:", timeout=60)
+    # Saved at the last moment without the marker: the trainer has exited, so the drain counts
+    # trainer_state.json as complete without waiting for the quiet period.
+    make_checkpoint(ckdir, 50, {"model.safetensors": 50 * MiB}, marked=False)
+    assert proc.terminate(timeout=90) == 0
+    manifest = manifest_of(client, s3.bucket, run_key)
+    assert manifest is not None and manifest["latest"] == 50
+
+
+def test_preemption_notice_becomes_a_save_request(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    ckdir = tmp_path / "ck"
+    podinfo = tmp_path / "podinfo"
+    podinfo.mkdir()
+    (podinfo / "annotations").write_text('kubectl.kubernetes.io/last-applied="{}"\n')
+    start_sync(
+        syncs,
+        agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_PODINFO_DIR=str(podinfo)),
+        tmp_path,
+    )
+    time.sleep(3)
+    assert local.save_requested(ckdir) is None
+    (podinfo / "annotations").write_text(
+        f'kubectl.kubernetes.io/last-applied="{{}}"\n{NOTICE_ANNOTATION}="karpenter.sh/disrupted"\n'
+    )
+    reason = wait_for(lambda: local.save_requested(ckdir), 30, "save-now request")
+    assert "karpenter.sh/disrupted" in reason
+
+
+def test_wrong_credentials_and_missing_bucket_are_named(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    wrong = S3(s3.endpoint, s3.access_key, "not-the-secret", s3.region, s3.bucket)
+    result = run_restore(
+        agent_env(
+            wrong,
+            f"s3://{s3.bucket}/{run_key}",
+            tmp_path / "r",
+            TRAININGRUN_RESTORE_STEP="1",
+            TRAININGRUN_TERMINATION_LOG=str(tmp_path / "t1"),
+        )
+    )
+    assert result.returncode == 1
+    assert "access denied" in (tmp_path / "t1").read_text()
+    assert "not-the-secret" not in result.stderr
+
+    result = run_restore(
+        agent_env(
+            s3,
+            "s3://no-such-bucket-here/x",
+            tmp_path / "r",
+            TRAININGRUN_RESTORE_STEP="1",
+            TRAININGRUN_TERMINATION_LOG=str(tmp_path / "t2"),
+        )
+    )
+    assert result.returncode == 1
+    assert "bucket 'no-such-bucket-here' does not exist" in (tmp_path / "t2").read_text()
+
+    proc = start_sync(
+        syncs, agent_env(wrong, f"s3://{s3.bucket}/{run_key}", tmp_path / "ck"), tmp_path
+    )
+    wait_log(proc, "access denied", timeout=60)
+    assert proc.proc.poll() is None  # keeps retrying: the trainer is never blocked
+    assert "not-the-secret" not in proc.log()
