@@ -74,8 +74,12 @@ class PrivateSeaweedFS:
         )
         assert endpoint == self.s3.endpoint
         env = dataclasses.replace(self.s3.as_localenv(), seaweedfs_pid=self.proc.pid)
-        localenv.wait_s3(env, self.sdir)
-        localenv.ensure_bucket(env)
+        try:
+            localenv.wait_s3(env, self.sdir)
+            localenv.ensure_bucket(env)
+        except BaseException:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -204,8 +204,8 @@ def test_endpoint_down_30s_during_upload_then_committed(
     tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
     server = PrivateSeaweedFS(tmp_path / "seaweedfs")
-    server.start()
     try:
+        server.start()
         client = server.s3.client()
         ckdir = tmp_path / "ck"
         src = make_checkpoint(ckdir, 60, {"model.safetensors": 100 * MiB, "config.json": 500})
