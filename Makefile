@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds crds-check lint typecheck layers \
-	test test-unit test-integration clean
+	test test-unit test-integration bench-tools bench-transfer clean
 
 help: ## List the targets with one line each
 	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
@@ -67,6 +67,12 @@ test-integration: venv tools ## Integration tests against the real control plane
 
 test: lint typecheck layers crds-check tools ## Everything CI runs: lint, types, layers, unit and integration tests
 	$(BIN)/pytest tests
+
+bench-tools: ## Install rclone (Debian package), a baseline of the transfer benchmark
+	@command -v rclone >/dev/null || { apt-get update -qq && apt-get install -y -qq rclone; }
+
+bench-transfer: venv bench-tools cluster ## Checkpoint upload/restore vs boto3 and rclone (docs/benchmarks.md)
+	$(BIN)/python -m tests.bench_transfer --write docs/benchmarks.md
 
 clean: cluster-down ## Stop the environment and remove .venv and caches inside the clone
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
