@@ -146,6 +146,9 @@ class Transfer:
         # waits for its parts can never starve the pool it runs on.
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="file")
         self._parts = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="part")
+        # One slot per buffer in flight, whatever pool holds it: memory stays under
+        # concurrency x part size (256 MiB with the defaults).
+        self._slots = threading.BoundedSemaphore(settings.concurrency)
         self._open: dict[str, str] = {}  # upload id -> key
         self._lock = threading.Lock()
 
@@ -202,15 +205,16 @@ class Transfer:
 
     def _upload_small(self, path: str, key: str, algo: Algorithm, progress: Progress) -> str:
         self._check()
-        with open(path, "rb") as f:
-            before = _stat_key(os.fstat(f.fileno()))
-            data = f.read()
-            if _stat_key(os.fstat(f.fileno())) != before or len(data) != before[0]:
-                raise FileChanged(f"{path} changed while being read")
-        checksum = digest(algo, data)
-        self.throttle.take(len(data))
-        self._check()
-        self.store.put_checked(key, data, algo.header, checksum)
+        with self._slots:
+            with open(path, "rb") as f:
+                before = _stat_key(os.fstat(f.fileno()))
+                data = f.read()
+                if _stat_key(os.fstat(f.fileno())) != before or len(data) != before[0]:
+                    raise FileChanged(f"{path} changed while being read")
+            checksum = digest(algo, data)
+            self.throttle.take(len(data))
+            self._check()
+            self.store.put_checked(key, data, algo.header, checksum)
         progress.add(len(data))
         progress.file_done()
         return checksum
@@ -273,12 +277,13 @@ class Transfer:
     ) -> tuple[dict[str, Any], int, int]:
         number, offset, length = rng
         self._check()
-        data = _read_at(fd, offset, length)
-        crc = algo.of(data) if algo.combinable else 0
-        encoded = algo.encode(crc) if algo.combinable else digest(algo, data)
-        self.throttle.take(length)
-        self._check()
-        entry = self.store.upload_part(key, upload_id, number, data, algo.header, encoded)
+        with self._slots:
+            data = _read_at(fd, offset, length)
+            crc = algo.of(data) if algo.combinable else 0
+            encoded = algo.encode(crc) if algo.combinable else digest(algo, data)
+            self.throttle.take(length)
+            self._check()
+            entry = self.store.upload_part(key, upload_id, number, data, algo.header, encoded)
         progress.add(length)
         return entry, crc, length
 
@@ -316,16 +321,18 @@ class Transfer:
             def fetch(r: tuple[int, int]) -> tuple[int, int]:
                 offset, length = r
                 self._check()
-                self.throttle.take(length)
-                data = self.store.get_range(key, offset, offset + length - 1)
-                if len(data) != length:
-                    raise VerificationFailed(
-                        f"{key}: got {len(data)} bytes at offset {offset}, expected {length} "
-                        f"(object shorter than its recorded {size} bytes)"
-                    )
-                os.pwrite(fd, data, offset)
+                with self._slots:
+                    self.throttle.take(length)
+                    data = self.store.get_range(key, offset, offset + length - 1)
+                    if len(data) != length:
+                        raise VerificationFailed(
+                            f"{key}: got {len(data)} bytes at offset {offset}, expected {length} "
+                            f"(object shorter than its recorded {size} bytes)"
+                        )
+                    os.pwrite(fd, data, offset)
+                    crc = algo.of(data) if algo.combinable else 0
                 progress.add(length)
-                return (algo.of(data) if algo.combinable else 0), length
+                return crc, length
 
             crcs = list(self._parts.map(fetch, ranges)) if size else []
         finally:

@@ -165,6 +165,11 @@ def build_pod(
         _env("TRAININGRUN_KEEP", str(spec.checkpoint.keep)),
         _env("TRAININGRUN_ATTEMPT", str(attempt)),
         _env("TRAININGRUN_PODINFO_DIR", PODINFO_DIR),
+        # The sidecar is stopped after the trainer, within the same grace period.
+        _env(
+            "TRAININGRUN_DRAIN_SECONDS",
+            str(spec.preemption.termination_grace_period_seconds),
+        ),
     ]
     init = []
     if resume:
