@@ -33,6 +33,8 @@ from trainingrun.decide.pod import (
     CREDENTIAL_KEYS,
     LABEL_ATTEMPT,
     LABEL_RUN,
+    PODINFO_DIR,
+    PODINFO_VOLUME,
     AgentSettings,
     build_pod,
     resume_of,
@@ -217,6 +219,29 @@ def test_checkpoint_volume_appears_once() -> None:
     ]
     assert ours == [{"name": CHECKPOINT_VOLUME, "emptyDir": {}}]
     assert trainer_mounts == [{"name": CHECKPOINT_VOLUME, "mountPath": "/checkpoints"}]
+
+
+def test_sync_sees_the_pod_annotations_through_the_downward_api() -> None:
+    pod = _pod(step=40)
+
+    (podinfo,) = [v for v in pod["spec"]["volumes"] if v["name"] == PODINFO_VOLUME]
+    assert podinfo["downwardAPI"]["items"] == [
+        {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}
+    ]
+    sync = _container(pod, SYNC_CONTAINER)
+    assert {"name": PODINFO_VOLUME, "mountPath": PODINFO_DIR, "readOnly": True} in sync[
+        "volumeMounts"
+    ]
+    assert _value(sync, "TRAININGRUN_PODINFO_DIR") == PODINFO_DIR
+    for name in (TRAINER_CONTAINER, RESTORE_CONTAINER):
+        assert all(m["name"] != PODINFO_VOLUME for m in _container(pod, name)["volumeMounts"])
+
+
+@pytest.mark.parametrize("seconds", [30, 300], ids=lambda s: f"grace-{s}s")
+def test_sync_drain_budget_is_the_grace_period(seconds: int) -> None:
+    pod = _pod(make_run().with_grace_period(seconds))
+
+    assert _value(_container(pod, SYNC_CONTAINER), "TRAININGRUN_DRAIN_SECONDS") == str(seconds)
 
 
 # -- environment --------------------------------------------------------------------------
