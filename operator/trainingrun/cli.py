@@ -5,6 +5,8 @@
   operator).
 - ``trainingrun restore``: the restore init container (exit 3: the checkpoint is bad).
 - ``trainingrun crd``: print the CustomResourceDefinition.
+- ``trainingrun checkpoints list <run>``, ``trainingrun status <run>``: for users; also
+  ``kubectl trainingrun ...``.
 
 Sync and restore read their settings from the environment the operator gives them:
 TRAININGRUN_STORAGE_URI, TRAININGRUN_CHECKPOINT_DIR, AWS_ENDPOINT_URL, AWS_REGION, credentials
@@ -191,6 +193,12 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
     return restore.main(store, settings, metrics)
 
 
+def _user(command: str, args: argparse.Namespace) -> int:
+    from trainingrun import usercli
+
+    return usercli.run_user_command(command, args)
+
+
 def _crd(_: argparse.Namespace) -> int:
     from trainingrun.crd import render
 
@@ -224,12 +232,34 @@ def main(argv: list[str] | None = None) -> int:
     rs.add_argument("-v", "--verbose", action="store_true")
     rs.set_defaults(func=_restore)
 
+    def user_command(p: argparse.ArgumentParser, command: str) -> None:
+        p.add_argument("run", help="TrainingRun name")
+        p.add_argument("-n", "--namespace", help="namespace (default: the context's)")
+        p.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube)")
+        p.set_defaults(func=lambda a: _user(command, a))
+
+    ck = sub.add_parser("checkpoints", help="the committed checkpoints of a run")
+    ck_sub = ck.add_subparsers(dest="checkpoints_command", required=True)
+    user_command(
+        ck_sub.add_parser("list", help="committed checkpoints: step, size, time, verified"),
+        "checkpoints list",
+    )
+    user_command(
+        sub.add_parser("status", help="a run's state, budgets, checkpoint and conditions"),
+        "status",
+    )
+
     crd = sub.add_parser("crd", help="print the TrainingRun CRD")
     crd.set_defaults(func=_crd)
 
     args = parser.parse_args(argv)
     result: int = args.func(args)
     return result
+
+
+def kubectl_plugin() -> int:
+    """``kubectl trainingrun ...``: kubectl runs ``kubectl-trainingrun`` from PATH."""
+    return main(sys.argv[1:])
 
 
 if __name__ == "__main__":

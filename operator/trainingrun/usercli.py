@@ -1,0 +1,205 @@
+"""Commands for users: ``trainingrun checkpoints list <run>`` and ``trainingrun status <run>``
+(also ``kubectl trainingrun ...`` through the ``kubectl-trainingrun`` plugin executable).
+
+They read the TrainingRun from the cluster (current kubeconfig context), and the bucket with the
+run's own storage settings and credentials Secret, exactly as the operator does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any, TextIO
+
+from kubernetes import config
+
+from trainingrun import api
+from trainingrun.kube import Kube, load_config
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    ManifestError,
+    listing_problems,
+    parse_checkpoint_manifest,
+)
+from trainingrun.storage import (
+    Credentials,
+    Location,
+    StorageError,
+    Store,
+    make_client,
+    parse_uri,
+    read_run_manifest,
+)
+from trainingrun.transfer import format_bytes
+
+
+class UserError(Exception):
+    """Something the user can fix; printed as one line, exit code 1."""
+
+
+def current_namespace(kubeconfig: str | None) -> str:
+    try:
+        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
+    except (config.ConfigException, FileNotFoundError):
+        return "default"
+    return str((active or {}).get("context", {}).get("namespace") or "default")
+
+
+def get_run(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    run = kube.get_run(namespace, name)
+    if run is None:
+        raise UserError(
+            f"TrainingRun {namespace}/{name} not found (kubectl get trainingruns -n {namespace})"
+        )
+    return run
+
+
+def run_store(kube: Kube, run: dict[str, Any]) -> tuple[Store, Location]:
+    """The run's bucket with its own endpoint, region and credentials Secret."""
+    meta = run["metadata"]
+    spec = api.TrainingRunSpec.model_validate(run["spec"])
+    storage = spec.checkpoint.storage
+    creds = None
+    if storage.credentials_secret:
+        data = kube.get_secret_data(meta["namespace"], storage.credentials_secret)
+        if data is None:
+            raise UserError(
+                f"Secret {meta['namespace']}/{storage.credentials_secret} (the run's "
+                "credentialsSecret) does not exist"
+            )
+        try:
+            creds = Credentials(data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
+        except KeyError as e:
+            raise UserError(
+                f"Secret {meta['namespace']}/{storage.credentials_secret} has no key {e}"
+            ) from None
+    base = parse_uri(storage.uri)
+    location = Location(base.bucket, base.key(meta["namespace"], meta["name"]))
+    client = make_client(storage.endpoint, storage.region, creds)
+    return Store(client, base.bucket), location
+
+
+def checkpoint_rows(
+    store: Store, location: Location, bad: set[int]
+) -> list[tuple[int, str, str, str, str]]:
+    """(step, size, committed, files, verified) for every committed checkpoint, newest first.
+    Verified: the MANIFEST.json parses and every object it names exists with its size."""
+    manifest = read_run_manifest(store, location)
+    if manifest is None:
+        return []
+    rows = []
+    for entry in sorted(manifest.entries, key=lambda e: -e.step):
+        prefix = location.key(entry.prefix) + "/"
+        if entry.step in bad:
+            verified = "no: marked bad by a restore"
+        else:
+            try:
+                data = store.get(prefix + CHECKPOINT_MANIFEST)
+                if data is None:
+                    raise ManifestError(f"{CHECKPOINT_MANIFEST} is missing")
+                ckpt = parse_checkpoint_manifest(data, entry.step)
+                listing = {k[len(prefix) :]: s for k, s in store.list_objects(prefix)}
+                problems = listing_problems(ckpt, listing)
+                verified = "yes" if not problems else "no: " + "; ".join(problems[:2])
+            except ManifestError as e:
+                verified = f"no: {e}"
+        rows.append(
+            (entry.step, format_bytes(entry.bytes), entry.committed, str(entry.files), verified)
+        )
+    return rows
+
+
+def table(headers: list[str], rows: list[list[str]], out: TextIO) -> None:
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(headers)]
+    for line in [headers, *rows]:
+        out.write("   ".join(c.ljust(w) for c, w in zip(line, widths, strict=True)).rstrip() + "\n")
+
+
+def cmd_checkpoints_list(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
+    run = get_run(kube, args.namespace, args.run)
+    store, location = run_store(kube, run)
+    bad = set((run.get("status") or {}).get("badCheckpoints") or [])
+    rows = checkpoint_rows(store, location, bad)
+    if not rows:
+        out.write(f"no committed checkpoints yet in s3://{location.bucket}/{location.prefix}/\n")
+        return 0
+    table(
+        ["STEP", "SIZE", "COMMITTED", "FILES", "VERIFIED"],
+        [[str(r[0]), r[1], r[2], r[3], r[4]] for r in rows],
+        out,
+    )
+    return 0
+
+
+def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
+    run = get_run(kube, args.namespace, args.run)
+    status = run.get("status") or {}
+    latest = status.get("latestCheckpoint") or {}
+    progress = status.get("progress") or {}
+    lines = [
+        ("Name", f"{args.namespace}/{args.run}"),
+        ("Phase", status.get("phase") or "Pending"),
+        ("Reason", status.get("reason") or ""),
+        ("Message", status.get("message") or ""),
+        ("Attempt", str(status.get("attempt", 0))),
+        ("Restarts", str(status.get("restarts", 0))),
+        ("Preemptions", str(status.get("preemptions", 0))),
+        ("Active pod", status.get("activePod") or ""),
+        ("Resumed from", str(status["resumeStep"]) if status.get("resumeStep") is not None else ""),
+        (
+            "Latest checkpoint",
+            f"step {latest['step']} ({latest.get('uri', '')}, {latest.get('time', '')})"
+            if latest
+            else "none",
+        ),
+        ("Bad checkpoints", ", ".join(map(str, status.get("badCheckpoints") or []))),
+        (
+            "Progress",
+            f"step {progress['step']}"
+            + (f" of {progress['maxSteps']}" if progress.get("maxSteps") else "")
+            if progress
+            else "",
+        ),
+        ("Next attempt", status.get("nextAttemptTime") or ""),
+    ]
+    width = max(len(k) for k, _ in lines) + 1
+    for key, value in lines:
+        if value:
+            out.write(f"{key + ':':<{width}} {value}\n")
+    conditions = status.get("conditions") or []
+    if conditions:
+        out.write("Conditions:\n")
+        table(
+            ["  TYPE", "STATUS", "REASON", "SINCE", "MESSAGE"],
+            [
+                [
+                    "  " + c.get("type", ""),
+                    c.get("status", ""),
+                    c.get("reason", ""),
+                    c.get("lastTransitionTime", ""),
+                    c.get("message", ""),
+                ]
+                for c in conditions
+            ],
+            out,
+        )
+    return 0
+
+
+COMMANDS: dict[str, Callable[[Kube, argparse.Namespace, TextIO], int]] = {
+    "checkpoints list": cmd_checkpoints_list,
+    "status": cmd_status,
+}
+
+
+def run_user_command(command: str, args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    fn = COMMANDS[command]
+    if not args.namespace:
+        args.namespace = current_namespace(args.kubeconfig)
+    try:
+        kube = Kube(load_config(args.kubeconfig, pool_size=4))
+        return fn(kube, args, out)
+    except (UserError, StorageError, ManifestError, config.ConfigException) as e:
+        sys.stderr.write(f"trainingrun: {e}\n")
+        return 1
