@@ -36,6 +36,11 @@ class Algorithm:
         assert self._update is not None
         return self._update(bytes(data) if isinstance(data, memoryview) else data, 0)
 
+    def update(self, data: bytes, previous: int) -> int:
+        """CRC of ``data`` continuing from ``previous`` (combinable algorithms only)."""
+        assert self._update is not None
+        return self._update(data, previous)
+
     def combine(self, parts: Iterable[tuple[int, int]]) -> int:
         """CRC of the concatenation of parts given as (crc, length), in order."""
         assert self._combine is not None

@@ -10,7 +10,7 @@
 
 Sync and restore read their settings from the environment the operator gives them:
 TRAININGRUN_STORAGE_URI, TRAININGRUN_CHECKPOINT_DIR, AWS_ENDPOINT_URL, AWS_REGION, credentials
-from the standard AWS chain; tuning: TRAININGRUN_PART_SIZE_MB (32), TRAININGRUN_CONCURRENCY (8),
+from the standard AWS chain; tuning: TRAININGRUN_PART_SIZE_MB (16), TRAININGRUN_CONCURRENCY (16),
 TRAININGRUN_MAX_BANDWIDTH_MBPS (none), TRAININGRUN_METRICS_PORT (9091, 0 = off),
 TRAININGRUN_METRICS_ADDRESS (0.0.0.0); sync also TRAININGRUN_KEEP (3),
 TRAININGRUN_QUIET_SECONDS (10), TRAININGRUN_DRAIN_SECONDS (60), TRAININGRUN_CHECKSUM (auto,
@@ -99,11 +99,11 @@ def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
     except ValueError as e:
         raise SettingsError(f"TRAININGRUN_STORAGE_URI: {e}") from None
     bandwidth = env.get("TRAININGRUN_MAX_BANDWIDTH_MBPS")
-    part = int(_number(env, "TRAININGRUN_PART_SIZE_MB", "32", minimum=5) * MiB)
+    part = int(_number(env, "TRAININGRUN_PART_SIZE_MB", "16", minimum=5) * MiB)
     transfer = TransferSettings(
         part_size=part,
         multipart_threshold=part,
-        concurrency=int(_number(env, "TRAININGRUN_CONCURRENCY", "8", minimum=1)),
+        concurrency=int(_number(env, "TRAININGRUN_CONCURRENCY", "16", minimum=1)),
         max_bytes_per_second=(
             _number(env, "TRAININGRUN_MAX_BANDWIDTH_MBPS", "0", minimum=0.1) * MiB
             if bandwidth

@@ -12,7 +12,7 @@ decides in one place what 404, 412, 429 and 5xx mean.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -319,6 +319,21 @@ class Store:
         except Exception as e:
             raise self._translate(e, prefix) from e
         return [(str(u["Key"]), str(u["UploadId"])) for u in resp.get("Uploads") or []]
+
+    def read_range(
+        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
+    ) -> int:
+        """Streams bytes ``start``..``end`` inclusive of an object into ``sink`` in blocks of
+        ``chunk``; returns how many bytes came."""
+        done = 0
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+            for block in resp["Body"].iter_chunks(chunk):
+                sink(block)
+                done += len(block)
+        except Exception as e:
+            raise self._translate(e, key) from e
+        return done
 
     def get_range(self, key: str, start: int, end: int) -> bytes:
         """Bytes ``start``..``end`` inclusive of an object that must exist."""
