@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -32,6 +33,7 @@ from tests.integration.agents import (
     wait_log,
 )
 from tests.integration.support import wait_for
+from tests.localenv import free_ports
 from trainingrun import local
 from trainingrun.checksum import CRC64NVME
 from trainingrun.decide.classify import NOTICE_ANNOTATION, RESTORE_EXIT_CHECKPOINT_BAD
@@ -87,6 +89,10 @@ def keys_under(client: Any, bucket: str, prefix: str) -> list[str]:
     return [o["Key"] for o in resp.get("Contents") or []]
 
 
+def entry_bytes(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.name != local.COMPLETE_MARKER)
+
+
 def same_tree(a: Path, b: Path) -> bool:
     files_a = sorted(
         p.relative_to(a) for p in a.rglob("*") if p.is_file() and p.name != local.COMPLETE_MARKER
@@ -103,8 +109,25 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
     client = s3.client()
     ckdir = tmp_path / "ck"
     src = make_checkpoint(ckdir, 10, HF_LIKE)
-    proc = start_sync(syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir), tmp_path)
+    (port,) = free_ports(1)
+    env = agent_env(
+        s3,
+        f"s3://{s3.bucket}/{run_key}",
+        ckdir,
+        TRAININGRUN_METRICS_PORT=str(port),
+        TRAININGRUN_METRICS_ADDRESS="127.0.0.1",
+    )
+    proc = start_sync(syncs, env, tmp_path)
     manifest = wait_committed(client, s3.bucket, run_key, 10, timeout=120)
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    metrics = {
+        name: float(value)
+        for name, _, value in (line.rpartition(" ") for line in text.splitlines())
+        if name and not name.startswith("#")
+    }
+    assert metrics["trainingrun_sync_last_committed_step"] == 10
+    assert metrics["trainingrun_sync_uploaded_bytes_total"] == entry_bytes(src)
+    assert metrics["trainingrun_sync_committed_checkpoints_total"] == 1
     assert manifest["latest"] == 10
     entry = manifest["entries"][0]
     assert entry["files"] == len(HF_LIKE) + 1  # + trainer_state.json; the marker is not uploaded
