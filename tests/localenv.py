@@ -289,6 +289,7 @@ def seaweedfs_process(
     master, master_grpc, volume, volume_grpc, filer, filer_grpc, s3, s3_grpc, metrics = ports
     args = [
         str(_weed_binary()),
+        f"-logdir={sdir}",  # its own log files, instead of /tmp
         "server",
         f"-dir={data}",
         "-ip=127.0.0.1",
