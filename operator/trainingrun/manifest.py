@@ -110,7 +110,8 @@ class RunManifest(_Model):
 def _parse(model: type[_Model], data: bytes, what: str) -> Any:
     try:
         raw = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    # ValueError also covers integers past Python's digit limit; RecursionError, deep nesting.
+    except (ValueError, RecursionError) as e:
         raise ManifestError(f"{what} is not valid JSON ({e}); it was not written by sync") from e
     if not isinstance(raw, dict):
         raise ManifestError(f"{what} must be a JSON object, got {type(raw).__name__}")
