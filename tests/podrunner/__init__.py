@@ -1,0 +1,225 @@
+"""The local pod runner: test and demo tooling that plays the kubelet for one node, so pods bound
+to that node run their containers as real local processes. Not part of the product.
+
+    python -m tests.podrunner --node NAME [--state-dir DIR] [--kubeconfig FILE]
+
+What it does, like a kubelet (``restartPolicy: Never`` pods only; probes, resources, images,
+security contexts and restart policies other than Never are ignored):
+
+- Registers Node NAME (labels ``kubernetes.io/hostname=NAME`` and ``type=local``; no kwok
+  annotation, so kwok leaves it alone; taint ``trainingrun.dev/local-pod-runner:NoSchedule`` so
+  other tests' pods never land here, ``--no-taint`` to drop it) and keeps it Ready: a Lease in
+  ``kube-node-lease`` renewed every 10 s (40 s duration) and a node status heartbeat.
+- Watches pods with ``spec.nodeName == NAME``; per pod: a folder
+  ``<state-dir>/<namespace>_<pod>/`` with emptyDir, downwardAPI, secret and configMap volumes
+  under ``volumes/`` (downwardAPI files are rewritten as soon as labels or annotations change),
+  and per container ``<name>.log`` (stdout and stderr), ``<name>.pid`` (while it runs) and
+  ``<name>.termination-log``.
+- Runs init containers in order (each must exit 0, else the pod fails), starts native sidecars
+  (init containers with ``restartPolicy: Always``, restarted when they exit) before what follows
+  them, then the main containers; when every main container has exited it stops the sidecars
+  (reverse order) and writes phase Succeeded or Failed.
+- A container is ``command`` + ``args`` (with ``$(VAR)`` expansion) run as a local process in a
+  new session and a private mount namespace where each volumeMount is bind-mounted at its
+  ``mountPath`` and a per-container file at ``terminationMessagePath`` (default
+  /dev/termination-log); missing mount points are created on the host as empty folders or files.
+  PATH starts with the repo's ``.venv/bin``; ``workingDir`` is honoured. Environment: ``value``,
+  ``secretKeyRef``, ``configMapKeyRef``, ``fieldRef`` (metadata name/namespace/uid/labels/
+  annotations, spec.nodeName, status.podIP/hostIP), ``envFrom``. A missing Secret or key leaves
+  the container waiting with ``CreateContainerConfigError`` (retried); a command not found ends
+  it with ``StartError`` (exit 128). A process killed by signal n exits 128 + n.
+- Status as the kubelet writes it: phase, ``initContainerStatuses`` / ``containerStatuses``
+  (waiting/running/terminated, exitCode, reason Completed/Error, startedAt/finishedAt, message
+  from the termination file, or with ``FallbackToLogsOnError`` the end of the log), conditions
+  PodScheduled, PodReadyToStartContainers, Initialized, ContainersReady, Ready, podIP 127.0.0.1,
+  startTime. Conditions others own (``DisruptionTarget`` from an eviction) are kept.
+- Deletion (``kubectl delete``, Eviction API): SIGTERM to the main containers, up to the
+  deletion's grace, SIGKILL; then the sidecars the same way (at least 2 s); final status; then
+  the pod object is deleted with grace 0.
+- SIGTERM/SIGINT to the runner: a graceful node shutdown. Running pods are stopped within
+  ``--shutdown-grace`` (default 30 s) and marked Failed with reason ``Terminated`` and a
+  ``DisruptionTarget`` condition (``TerminationByKubelet``); they are not deleted. The node then
+  reports Ready=False and the runner exits. Container processes also get SIGKILL if the runner
+  dies (``setpriv --pdeathsig``).
+
+Simulating node trouble (signals to the runner process):
+
+- SIGUSR1: stop heartbeats (lease and status). The node-lifecycle controller marks the node
+  ``Ready=Unknown`` after ``--node-monitor-grace-period``; in the kwokctl environment that is
+  200 s, checked every 25 s (kwokctl scales both by its heartbeat factor, 5 by default).
+  Containers keep running, as on a partitioned node.
+- SIGUSR2: resume heartbeats and report Ready.
+- SIGHUP: keep heartbeats but report ``Ready=False`` (reason KubeletNotReady), as a kubelet whose
+  runtime is down; the controller reacts at its next monitor period, no grace wait.
+
+From Python (tests, demo): ``start_runner(env)`` returns a ``RunnerHandle``; pods go to its
+node with ``placement(handle.node)`` in their spec (nodeSelector + toleration).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from tests.localenv import LocalEnv, state_dir
+from tests.podrunner.node import LEASE_NAMESPACE, TOLERATION
+
+REPO = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 30
+
+
+def default_state_dir(env_name: str, node: str) -> Path:
+    """Inside the environment's state folder, so ``make cluster-down`` removes it."""
+    return state_dir(env_name) / "podrunner" / node
+
+
+def placement(node: str) -> dict[str, Any]:
+    """Pod spec fields that put a pod on the runner's node."""
+    return {"nodeSelector": {"kubernetes.io/hostname": node}, "tolerations": [dict(TOLERATION)]}
+
+
+def _delete_if_present(delete: Callable[..., Any], *args: str) -> None:
+    try:
+        delete(*args)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+@dataclass
+class RunnerHandle:
+    """A runner process started by ``start_runner``."""
+
+    env: LocalEnv
+    node: str
+    state_dir: Path
+    log_path: Path
+    proc: subprocess.Popen[bytes]
+
+    def pod_dir(self, namespace: str, pod: str) -> Path:
+        return self.state_dir / f"{namespace}_{pod}"
+
+    def pid_of(self, namespace: str, pod: str, container: str) -> int | None:
+        """The pid of the container's running process, None when it does not run."""
+        try:
+            return int((self.pod_dir(namespace, pod) / f"{container}.pid").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def wait_pid(self, namespace: str, pod: str, container: str, timeout_s: float = 30) -> int:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            pid = self.pid_of(namespace, pod, container)
+            if pid:
+                return pid
+            time.sleep(0.1)
+        raise AssertionError(f"container {container} of {namespace}/{pod} not running")
+
+    def log_of(self, namespace: str, pod: str, container: str) -> str:
+        path = self.pod_dir(namespace, pod) / f"{container}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def runner_log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def make_not_ready(self) -> None:
+        """Stops the heartbeats: the controller marks the node Unknown after its grace."""
+        self.proc.send_signal(signal.SIGUSR1)
+
+    def make_ready(self) -> None:
+        self.proc.send_signal(signal.SIGUSR2)
+
+    def report_not_ready(self) -> None:
+        """The node reports Ready=False itself, heartbeats go on."""
+        self.proc.send_signal(signal.SIGHUP)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self, timeout_s: float = 90, delete_node: bool = True) -> int | None:
+        """SIGTERM (graceful node shutdown), wait, SIGKILL on timeout; then removes the Node
+        and its Lease. Returns the runner's exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        if delete_node:
+            api = config.new_client_from_config(config_file=self.env.kubeconfig)
+            _delete_if_present(client.CoreV1Api(api).delete_node, self.node)
+            lease_api = client.CoordinationV1Api(api)
+            _delete_if_present(lease_api.delete_namespaced_lease, self.node, LEASE_NAMESPACE)
+        return self.proc.returncode
+
+    def __enter__(self) -> RunnerHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_runner(
+    env: LocalEnv,
+    node: str | None = None,
+    state: Path | None = None,
+    *,
+    taint: bool = True,
+    shutdown_grace_s: float = 30,
+) -> RunnerHandle:
+    """Starts ``python -m tests.podrunner`` for a new node and waits until the node is Ready."""
+    node = node or f"local-{uuid.uuid4().hex[:8]}"
+    state = state or default_state_dir(env.name, node)
+    state.mkdir(parents=True, exist_ok=True)
+    log_path = state / "runner.log"
+    args = [
+        sys.executable,
+        "-m",
+        "tests.podrunner",
+        "--node",
+        node,
+        "--state-dir",
+        str(state),
+        "--kubeconfig",
+        env.kubeconfig,
+        "--shutdown-grace",
+        str(shutdown_grace_s),
+    ]
+    if not taint:
+        args.append("--no-taint")
+    with log_path.open("ab") as log:
+        proc = subprocess.Popen(
+            args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    handle = RunnerHandle(env=env, node=node, state_dir=state, log_path=log_path, proc=proc)
+    core = client.CoreV1Api(config.new_client_from_config(config_file=env.kubeconfig))
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if not handle.alive():
+            raise RuntimeError(
+                f"pod runner for node {node} exited ({proc.returncode}):\n"
+                f"{handle.runner_log()[-3000:]}"
+            )
+        try:
+            conditions = core.read_node(node).status.conditions or []
+        except ApiException as e:
+            if e.status != 404:
+                raise
+            conditions = []
+        if any(c.type == "Ready" and c.status == "True" for c in conditions):
+            return handle
+        time.sleep(0.2)
+    handle.stop()
+    raise RuntimeError(f"node {node} not Ready after {READY_TIMEOUT_S}s; see {log_path}")

@@ -1,0 +1,129 @@
+"""One container as a local process: its own session (so the whole process group can be
+signalled), its own private mount namespace with the pod's volumes bind-mounted at their
+``mountPath``, stdout and stderr appended to a log file.
+
+The chain is ``setpriv --pdeathsig KILL`` (the process dies with the runner thread that started
+it) → ``unshare --mount --propagation private`` → ``sh -c <mounts; cd; exec "$@">`` → the
+container's command, all ``exec``-ed in turn, so the pid the runner holds is the pid of the
+command itself. Needs root (mounts) and util-linux.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+# Absolute paths: the container's PATH may be anything its pod spec says.
+SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
+UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+MOUNT = shutil.which("mount") or "/usr/bin/mount"
+SH = "/bin/sh"
+
+
+@dataclass(frozen=True)
+class Mount:
+    """``source`` (a host folder or file) bind-mounted at ``target`` inside the container."""
+
+    source: Path
+    target: str
+    read_only: bool = False
+    is_file: bool = False
+
+
+def _mount_script(mounts: list[Mount], working_dir: str | None) -> str:
+    """Shell lines run inside the new mount namespace before the command is exec-ed. Missing
+    mount points are created on the host filesystem (empty folders or files, left in place)."""
+    q = shlex.quote
+    lines = ["set -e"]
+    for m in mounts:
+        if m.is_file:
+            parent = os.path.dirname(m.target) or "/"
+            lines.append(f"mkdir -p {q(parent)}; [ -e {q(m.target)} ] || : > {q(m.target)}")
+        else:
+            lines.append(f"mkdir -p {q(m.target)}")
+        lines.append(f"{MOUNT} --bind {q(str(m.source))} {q(m.target)}")
+        if m.read_only:
+            lines.append(f"{MOUNT} -o remount,bind,ro {q(m.target)}")
+    if working_dir:
+        lines.append(f"mkdir -p {q(working_dir)}; cd {q(working_dir)}")
+    lines.append('exec "$@"')
+    return "\n".join(lines)
+
+
+def launch(
+    argv: list[str],
+    env: dict[str, str],
+    mounts: list[Mount],
+    working_dir: str | None,
+    log_path: Path,
+) -> subprocess.Popen[bytes]:
+    """Starts ``argv`` with ``env`` in a new session and a private mount namespace."""
+    wrapper = [
+        SETPRIV,
+        "--pdeathsig",
+        "KILL",
+        "--",
+        UNSHARE,
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        SH,
+        "-c",
+        _mount_script(mounts, working_dir),
+        "container",  # $0 of the script
+        *argv,
+    ]
+    with log_path.open("ab") as log:
+        return subprocess.Popen(
+            wrapper,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd="/",
+        )
+
+
+def exit_code(returncode: int) -> int:
+    """A container runtime's exit code: 128 + n for a process killed by signal n."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def signal_group(pid: int, sig: signal.Signals) -> None:
+    """Signals the container's whole process group; gone already is fine."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+
+
+def stop(procs: list[subprocess.Popen[bytes]], deadline: float) -> None:
+    """SIGTERM to each process group, SIGKILL to what is still alive at ``deadline`` (a
+    ``time.monotonic()`` value). Leaves the processes un-reaped for the caller's ``poll``."""
+    alive = [p for p in procs if p.poll() is None]
+    for p in alive:
+        signal_group(p.pid, signal.SIGTERM)
+    while alive and time.monotonic() < deadline:
+        time.sleep(0.05)
+        alive = [p for p in alive if p.poll() is None]
+    for p in alive:
+        signal_group(p.pid, signal.SIGKILL)
+    for p in alive:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            p.wait(timeout=10)
+
+
+def which(command: str, path: str) -> str | None:
+    """Where ``command`` resolves with the container's PATH; None when it does not."""
+    if command.startswith("/"):
+        return command if os.access(command, os.X_OK) else None
+    if "/" in command:  # relative to the working folder, which exists only inside the container
+        return command
+    return shutil.which(command, path=path)
