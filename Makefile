@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 	rm -rf $(VENV)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,hf]'
 	touch $@
 
 venv: $(STAMP) ## Create .venv with the package and the dev tools (re-run when pyproject changes)
@@ -50,8 +50,8 @@ crds-check: venv ## Fail when crds/trainingrun.yaml is stale
 		{ echo "crds/trainingrun.yaml is stale: run 'make crds' and commit it"; exit 1; }
 
 lint: venv ## ruff (lint and format check)
-	$(BIN)/ruff check operator tests
-	$(BIN)/ruff format --check operator tests
+	$(BIN)/ruff check operator tests examples
+	$(BIN)/ruff format --check operator tests examples
 
 typecheck: venv ## mypy --strict on the package
 	$(BIN)/mypy
