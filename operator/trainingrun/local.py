@@ -87,5 +87,7 @@ def read_progress(checkpoint_dir: Path) -> Progress | None:
     try:
         raw = json.loads(control_path(checkpoint_dir, PROGRESS).read_text())
         return Progress(int(raw["step"]), raw.get("max_steps"))
-    except (FileNotFoundError, ValueError, KeyError, TypeError):
+    # Written by the trainer's side, so anything may be there: a missing file, a half-written
+    # one, Infinity (OverflowError), deep nesting (RecursionError).
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
