@@ -560,7 +560,7 @@ class Sync:
 def read_annotation(path: Path, name: str) -> str | None:
     """One annotation from a downward API file (lines of ``key="escaped value"``)."""
     try:
-        text = path.read_text()
+        text = path.read_text(encoding="utf-8")
     except (FileNotFoundError, NotADirectoryError):
         return None
     for line in text.splitlines():
@@ -568,7 +568,8 @@ def read_annotation(path: Path, name: str) -> str | None:
         if sep and key == name:
             value = value.strip()
             if len(value) >= 2 and value[0] == value[-1] == '"':
-                value = value[1:-1].encode().decode("unicode_escape")
+                # Go's %q leaves printable non-ASCII as UTF-8; only backslash escapes decode.
+                value = value[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
             return value or "set"
     return None
 
