@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import logging
+import math
 import os
 import sys
 from collections.abc import Mapping
@@ -84,6 +85,8 @@ def _number(env: Mapping[str, str], name: str, default: str, minimum: float = 0)
         value = float(raw)
     except ValueError:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value):  # float() takes "nan" and "inf"; int() of them fails later
+        raise SettingsError(f"{name}={raw!r} is not a finite number")
     if value < minimum:
         raise SettingsError(f"{name}={raw!r} must be at least {minimum}")
     return value
@@ -176,7 +179,7 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
     try:
         store, run, transfer = _agent_common(env)
         raw_step = _env(env, "TRAININGRUN_RESTORE_STEP")
-        if not raw_step.isdigit():
+        if not (raw_step.isascii() and raw_step.isdigit()):  # "²".isdigit() is True
             raise SettingsError(f"TRAININGRUN_RESTORE_STEP={raw_step!r} is not a step number")
         settings = restore.RestoreSettings(
             checkpoint_dir=Path(_env(env, "TRAININGRUN_CHECKPOINT_DIR")),
