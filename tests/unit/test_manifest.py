@@ -14,17 +14,28 @@ Covers:
 - properties (hypothesis): RunManifest.to_json -> parse_run_manifest round-trips the entries;
   candidates() is sorted descending and never holds a bad step; safe_relative_path() never
   accepts a path whose normalised join with a base leaves the base, and accepts every path
-  made of ordinary segments.
+  made of ordinary segments;
+- with_committed() (hypothesis): keeps exactly the newest min(keep, n) distinct steps, kept and
+  dropped partition every step, the committed entry survives unless ``keep`` newer steps exist,
+  re-committing a step replaces its entry, and the result round-trips through JSON; keep < 1 is
+  refused; worth_uploading() agrees with it (a step worth uploading survives retention right
+  after its commit, one that is not would be dropped at once);
+- same_files(): creation time aside, any difference in path, size, algorithm, checksum or step
+  counts;
+- the parsers raise only ManifestError, never another exception, for arbitrary bytes, arbitrary
+  JSON, arbitrary JSON objects with a valid version, and crafted inputs (deep nesting, integers
+  past Python's digit limit, a UTF-8 BOM, UTF-16).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from trainingrun.manifest import (
@@ -40,6 +51,9 @@ from trainingrun.manifest import (
     parse_checkpoint_manifest,
     parse_run_manifest,
     safe_relative_path,
+    same_files,
+    with_committed,
+    worth_uploading,
 )
 
 BASE = "/checkpoints/checkpoint-7"
@@ -328,3 +342,196 @@ segments = st.text(
 @given(st.lists(segments, min_size=1, max_size=5).map("/".join))
 def test_paths_of_ordinary_segments_are_accepted(path: str) -> None:
     assert safe_relative_path(path) == path
+
+
+# -- with_committed, worth_uploading, same_files --------------------------------------------
+
+
+def _one(step: int, committed: str = "2025-01-01T12:00:00Z") -> ManifestEntry:
+    return ManifestEntry.model_validate(_entry(step, committed=committed))
+
+
+small_steps = st.lists(st.integers(min_value=0, max_value=60), unique=True, max_size=12)
+keeps = st.integers(min_value=1, max_value=8)
+
+
+@settings(max_examples=200)
+@given(small_steps, st.integers(min_value=0, max_value=60), keeps, st.booleans())
+def test_with_committed_keeps_the_newest_steps(
+    existing: list[int], step: int, keep: int, empty_as_none: bool
+) -> None:
+    manifest = None if empty_as_none and not existing else _entries(*existing)
+    entry = _one(step, committed="now")
+
+    updated, dropped = with_committed(manifest, entry, keep)
+
+    every = set(existing) | {step}
+    kept = [e.step for e in updated.entries]
+    assert kept == sorted(kept), "entries stay in step order"
+    assert len(kept) == len(set(kept)) == min(keep, len(every))
+    assert set(kept) == set(sorted(every)[-keep:])
+    assert set(kept) | {e.step for e in dropped} == every
+    assert not set(kept) & {e.step for e in dropped}
+    newer = sum(1 for s in every if s > step)
+    assert (entry in updated.entries) == (newer < keep)
+    assert all(e.committed != "now" for e in dropped if e.step != step)
+    assert parse_run_manifest(updated.to_json()).entries == updated.entries
+
+
+def test_recommitting_a_step_replaces_its_entry() -> None:
+    before = _entries(10, 20, 30)
+
+    updated, dropped = with_committed(before, _one(20, committed="later"), keep=3)
+
+    assert [e.step for e in updated.entries] == [10, 20, 30]
+    assert [e.committed for e in updated.entries if e.step == 20] == ["later"]
+    assert dropped == []
+
+
+@pytest.mark.parametrize("keep", [0, -1], ids=["keep-zero", "keep-negative"])
+def test_with_committed_refuses_keep_below_one(keep: int) -> None:
+    with pytest.raises(ValueError, match="keep must be at least 1"):
+        with_committed(None, _one(1), keep)
+
+
+@settings(max_examples=200)
+@given(small_steps, st.integers(min_value=0, max_value=60), keeps)
+def test_worth_uploading_agrees_with_retention(committed: list[int], step: int, keep: int) -> None:
+    assume(step not in committed)
+    # A manifest only ever holds `keep` entries; worth_uploading sees the sidecar's list of it.
+    committed = sorted(committed)[-keep:]
+
+    updated, _ = with_committed(_entries(*committed), _one(step), keep)
+
+    survives = any(e.step == step for e in updated.entries)
+    assert worth_uploading(step, committed, keep) == survives
+
+
+@given(small_steps.filter(bool), keeps, st.data())
+def test_a_committed_step_is_never_worth_uploading_again(
+    committed: list[int], keep: int, data: st.DataObject
+) -> None:
+    step = data.draw(st.sampled_from(committed))
+
+    assert not worth_uploading(step, committed, keep)
+
+
+def _ckpt(step: int, *files: tuple[str, int, str, str], created: str = "t0") -> CheckpointManifest:
+    return CheckpointManifest(
+        version=MANIFEST_VERSION,
+        step=step,
+        files=[
+            {"path": p, "size": n, "checksum_algorithm": a, "checksum": c}  # type: ignore[misc]
+            for p, n, a, c in files
+        ],
+        created=created,
+    )
+
+
+BASE_FILES = (("model.bin", 100, "CRC64NVME", "AAAAAAAAAAA="), ("opt.pt", 5, "CRC64NVME", "AQ=="))
+
+
+@pytest.mark.parametrize(
+    ("other", "same"),
+    [
+        pytest.param(_ckpt(7, *BASE_FILES, created="t1"), True, id="only-created-differs"),
+        pytest.param(_ckpt(7, *reversed(BASE_FILES)), True, id="other-file-order"),
+        pytest.param(_ckpt(8, *BASE_FILES), False, id="other-step"),
+        pytest.param(_ckpt(7, BASE_FILES[0]), False, id="file-missing"),
+        pytest.param(
+            _ckpt(7, BASE_FILES[0], ("opt.pt", 6, "CRC64NVME", "AQ==")), False, id="other-size"
+        ),
+        pytest.param(
+            _ckpt(7, BASE_FILES[0], ("opt.pt", 5, "CRC64NVME", "Ag==")), False, id="other-checksum"
+        ),
+        pytest.param(
+            _ckpt(7, BASE_FILES[0], ("opt.pt", 5, "CRC32C", "AQ==")), False, id="other-algorithm"
+        ),
+        pytest.param(
+            _ckpt(7, BASE_FILES[0], ("opt2.pt", 5, "CRC64NVME", "AQ==")), False, id="renamed"
+        ),
+    ],
+)
+def test_same_files(other: CheckpointManifest, same: bool) -> None:
+    base = _ckpt(7, *BASE_FILES)
+
+    assert same_files(base, other) is same
+    assert same_files(other, base) is same
+
+
+# -- the parsers raise only ManifestError ---------------------------------------------------
+
+json_values = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=20),
+    lambda children: (
+        st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
+    ),
+    max_leaves=20,
+)
+entry_like = st.fixed_dictionaries(
+    {},
+    optional={
+        "step": json_values,
+        "prefix": st.sampled_from(["checkpoints/checkpoint-1/", "x", ""]) | json_values,
+        "committed": json_values,
+        "files": json_values,
+        "bytes": json_values,
+        "path": st.sampled_from(["a", "../a", "/a", "a\\b", "a\x00"]) | json_values,
+        "size": json_values,
+        "checksum_algorithm": json_values,
+        "checksum": json_values,
+    },
+)
+versioned_objects = st.fixed_dictionaries(
+    {"version": st.just(MANIFEST_VERSION)},
+    optional={
+        "entries": st.lists(entry_like, max_size=3) | json_values,
+        "files": st.lists(entry_like, max_size=3) | json_values,
+        "step": st.sampled_from([7, -7]) | json_values,
+        "created": json_values,
+    },
+)
+
+
+def _only_manifest_errors(data: bytes) -> None:
+    for parse in (parse_run_manifest, lambda d: parse_checkpoint_manifest(d, 7)):
+        with contextlib.suppress(ManifestError):
+            parse(data)
+
+
+@settings(max_examples=150)
+@given(
+    st.one_of(
+        st.binary(max_size=200),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        versioned_objects.map(lambda v: json.dumps(v).encode()),
+    )
+)
+def test_parsers_raise_only_manifest_error(data: bytes) -> None:
+    _only_manifest_errors(data)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"[" * 100_000, id="deeply-nested-array"),
+        pytest.param(b'{"a":' * 50_000 + b"1" + b"}" * 50_000, id="deeply-nested-object"),
+        pytest.param(b'{"version": ' + b"1" * 5000 + b"}", id="version-past-digit-limit"),
+        pytest.param(
+            b'{"version": 1, "step": ' + b"9" * 5000 + b', "entries": []}',
+            id="step-past-digit-limit",
+        ),
+        pytest.param(b'{"version": 1e999}', id="version-infinite"),
+        pytest.param(b'{"version": NaN}', id="version-nan"),
+        pytest.param(b'{"version": 1, "step": Infinity, "files": []}', id="step-infinite"),
+        pytest.param(b"\xef\xbb\xbf{}", id="utf8-bom"),
+        pytest.param('{"version": 1}'.encode("utf-16"), id="utf-16"),
+        pytest.param(b"\x00" * 8, id="nul-bytes"),
+    ],
+)
+def test_crafted_inputs_raise_only_manifest_error(data: bytes) -> None:
+    _only_manifest_errors(data)

@@ -1,0 +1,358 @@
+"""Storage: the choice of a checkpoint to resume from, and what S3 errors mean.
+
+Covers:
+
+- choose_checkpoint() against an in-memory store: the newest committed step with every object
+  at its recorded size is chosen; a missing object, a wrong size, a missing MANIFEST.json, a
+  malformed or deeply nested MANIFEST.json or one naming another step each make it fall back to
+  the previous step, with a reason that names the file; bad steps are skipped (and are not
+  reasons); no manifest or nothing intact gives no choice; a manifest passed in is used without
+  reading the bucket; hypothesis over which checkpoints are broken or bad: the choice is always
+  the newest intact step not marked bad, and every newer non-bad step is reported as rejected;
+- Store._translate(): 404/NoSuchKey and NoSuchBucket, 412, 403 and credential codes, checksum
+  codes, other 4xx, 408/429/5xx, missing credentials, connection errors, and an unrelated
+  exception that is re-raised as is;
+- parse_uri() and Location.key().
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any, cast
+
+import botocore.exceptions
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from trainingrun.checksum import CRC64NVME, digest
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    MANIFEST_VERSION,
+    RUN_MANIFEST,
+    ManifestEntry,
+    RunManifest,
+    checkpoint_prefix,
+)
+from trainingrun.storage import (
+    ChecksumMismatch,
+    Location,
+    NotFound,
+    PreconditionFailed,
+    StorageAccessDenied,
+    StorageError,
+    StorageRejected,
+    StorageUnavailable,
+    Store,
+    choose_checkpoint,
+    parse_uri,
+)
+
+RUN = Location("bucket", "runs/ml/r1")
+FILES = {"model.safetensors": b"weights" * 10, "optimizer.pt": b"adam", "trainer_state.json": b"{}"}
+
+
+class FakeStore:
+    """The two calls choose_checkpoint makes, over a dict of key -> bytes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.gets: list[str] = []
+
+    def get(self, key: str) -> bytes | None:
+        self.gets.append(key)
+        return self.objects.get(key)
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        for key in sorted(self.objects):
+            if key.startswith(prefix):
+                yield key, len(self.objects[key])
+
+
+class Bucket:
+    """A run's bucket contents, built checkpoint by checkpoint, then broken on purpose."""
+
+    def __init__(self) -> None:
+        self.fake = FakeStore()
+        self.steps: list[int] = []
+
+    @property
+    def store(self) -> Store:
+        return cast(Store, self.fake)
+
+    def key(self, step: int, name: str) -> str:
+        return RUN.key(checkpoint_prefix(step), name)
+
+    def commit(self, *steps: int) -> Bucket:
+        for step in steps:
+            files = [
+                {
+                    "path": path,
+                    "size": len(data),
+                    "checksum_algorithm": CRC64NVME.name,
+                    "checksum": digest(CRC64NVME, data),
+                }
+                for path, data in FILES.items()
+            ]
+            for path, data in FILES.items():
+                self.fake.objects[self.key(step, path)] = data
+            body = {"version": 1, "step": step, "files": files, "created": "t"}
+            self.fake.objects[self.key(step, CHECKPOINT_MANIFEST)] = json.dumps(body).encode()
+            self.steps.append(step)
+        manifest = RunManifest(
+            entries=[
+                ManifestEntry(step=s, prefix=checkpoint_prefix(s), committed="t", files=3, bytes=1)
+                for s in self.steps
+            ]
+        )
+        self.fake.objects[RUN.key(RUN_MANIFEST)] = manifest.to_json()
+        return self
+
+    def break_(self, step: int, how: str) -> Bucket:
+        objects = self.fake.objects
+        if how == "missing-object":
+            del objects[self.key(step, "optimizer.pt")]
+        elif how == "wrong-size":
+            objects[self.key(step, "model.safetensors")] += b"!"
+        elif how == "no-manifest":
+            del objects[self.key(step, CHECKPOINT_MANIFEST)]
+        elif how == "malformed-manifest":
+            objects[self.key(step, CHECKPOINT_MANIFEST)] = b'{"version": 1, "files": ['
+        elif how == "nested-manifest":
+            objects[self.key(step, CHECKPOINT_MANIFEST)] = b"[" * 100_000
+        elif how == "manifest-of-other-step":
+            objects[self.key(step, CHECKPOINT_MANIFEST)] = objects[
+                self.key(step, CHECKPOINT_MANIFEST)
+            ].replace(f'"step": {step}'.encode(), f'"step": {step + 1}'.encode())
+        else:
+            raise AssertionError(how)
+        return self
+
+
+FAULTS = {
+    "missing-object": "optimizer.pt is missing",
+    "wrong-size": "model.safetensors has 71 bytes, manifest says 70",
+    "no-manifest": "MANIFEST.json is missing",
+    "malformed-manifest": "checkpoint-{step}/MANIFEST.json is not valid JSON",
+    "nested-manifest": "checkpoint-{step}/MANIFEST.json is not valid JSON",
+    "manifest-of-other-step": "checkpoint-{step}/MANIFEST.json says step {next}",
+}
+
+
+def test_newest_intact_committed_step_is_chosen() -> None:
+    bucket = Bucket().commit(100, 300, 200)
+
+    choice = choose_checkpoint(bucket.store, RUN, set())
+
+    assert choice.entry is not None
+    assert choice.entry.step == 300
+    assert choice.checkpoint is not None
+    assert sorted(f.path for f in choice.checkpoint.files) == sorted(FILES)
+    assert choice.rejected == []
+
+
+@pytest.mark.parametrize(("how", "reason"), list(FAULTS.items()), ids=list(FAULTS))
+def test_broken_newest_falls_back_to_the_previous(how: str, reason: str) -> None:
+    bucket = Bucket().commit(100, 200).break_(200, how)
+
+    choice = choose_checkpoint(bucket.store, RUN, set())
+
+    assert choice.entry is not None
+    assert choice.entry.step == 100
+    assert len(choice.rejected) == 1
+    step, why = choice.rejected[0]
+    assert step == 200
+    assert reason.format(step=200, next=201) in why
+
+
+def test_bad_steps_are_skipped_without_a_reason() -> None:
+    bucket = Bucket().commit(100, 200, 300)
+
+    choice = choose_checkpoint(bucket.store, RUN, {300, 200})
+
+    assert choice.entry is not None
+    assert choice.entry.step == 100
+    assert choice.rejected == []
+    assert all("checkpoint-300" not in k and "checkpoint-200" not in k for k in bucket.fake.gets)
+
+
+@pytest.mark.parametrize(
+    ("bucket", "bad", "rejected"),
+    [
+        pytest.param(Bucket(), set(), [], id="nothing-committed"),
+        pytest.param(Bucket().commit(1), {1}, [], id="only-step-bad"),
+        pytest.param(
+            Bucket().commit(1, 2).break_(1, "no-manifest").break_(2, "wrong-size"),
+            set(),
+            [2, 1],
+            id="every-step-broken",
+        ),
+    ],
+)
+def test_no_choice(bucket: Bucket, bad: set[int], rejected: list[int]) -> None:
+    choice = choose_checkpoint(bucket.store, RUN, bad)
+
+    assert (choice.entry, choice.checkpoint) == (None, None)
+    assert [s for s, _ in choice.rejected] == rejected
+
+
+def test_a_manifest_passed_in_is_not_read_again() -> None:
+    bucket = Bucket().commit(100, 200)
+    only_100 = RunManifest(
+        entries=[
+            ManifestEntry(step=100, prefix=checkpoint_prefix(100), committed="t", files=3, bytes=1)
+        ]
+    )
+
+    choice = choose_checkpoint(bucket.store, RUN, set(), manifest=only_100)
+    none = choose_checkpoint(bucket.store, RUN, set(), manifest=None)
+
+    assert choice.entry is not None
+    assert choice.entry.step == 100
+    assert RUN.key(RUN_MANIFEST) not in bucket.fake.gets
+    assert none.entry is None
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    st.dictionaries(
+        st.integers(min_value=0, max_value=10_000),
+        st.tuples(st.sampled_from([None, None, *FAULTS]), st.booleans()),
+        max_size=8,
+    )
+)
+def test_choice_is_the_newest_intact_step_not_marked_bad(
+    plan: dict[int, tuple[str | None, bool]],
+) -> None:
+    bucket = Bucket().commit(*plan)
+    for step, (fault, _) in plan.items():
+        if fault:
+            bucket.break_(step, fault)
+    bad = {s for s, (_, is_bad) in plan.items() if is_bad}
+
+    choice = choose_checkpoint(bucket.store, RUN, bad)
+
+    intact = [s for s, (fault, is_bad) in plan.items() if fault is None and not is_bad]
+    expected = max(intact, default=None)
+    assert (choice.entry.step if choice.entry else None) == expected
+    if choice.checkpoint is not None:
+        assert choice.checkpoint.step == expected
+    newer = sorted(
+        (s for s in plan if s not in bad and (expected is None or s > expected)), reverse=True
+    )
+    assert [s for s, _ in choice.rejected] == newer
+    assert all(why for _, why in choice.rejected)
+
+
+# -- error translation ------------------------------------------------------------------
+
+
+def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
+    response: Any = {"Error": {"Code": code, "Message": "x"}, "ResponseMetadata": {}}
+    if status:
+        response["ResponseMetadata"]["HTTPStatusCode"] = status
+    return botocore.exceptions.ClientError(response, "PutObject")
+
+
+@pytest.mark.parametrize(
+    ("err", "kind", "words"),
+    [
+        pytest.param(_client_error(404, "NoSuchKey"), NotFound, "does not exist", id="404"),
+        pytest.param(_client_error(0, "NoSuchKey"), NotFound, "s3://b/k", id="no-such-key"),
+        pytest.param(
+            _client_error(404, "NoSuchBucket"), NotFound, "create it first", id="no-bucket"
+        ),
+        pytest.param(
+            _client_error(412, "PreconditionFailed"), PreconditionFailed, "condition", id="412"
+        ),
+        pytest.param(
+            _client_error(403, "AccessDenied"), StorageAccessDenied, "credentials", id="403"
+        ),
+        pytest.param(
+            _client_error(400, "InvalidAccessKeyId"),
+            StorageAccessDenied,
+            "InvalidAccessKeyId",
+            id="bad-key-id",
+        ),
+        pytest.param(
+            _client_error(403, "SignatureDoesNotMatch"),
+            StorageAccessDenied,
+            "s3:PutObject",
+            id="bad-signature",
+        ),
+        pytest.param(
+            _client_error(400, "BadDigest"), ChecksumMismatch, "mismatch", id="bad-digest"
+        ),
+        pytest.param(
+            _client_error(400, "XAmzContentChecksumMismatch"),
+            ChecksumMismatch,
+            "XAmzContentChecksumMismatch",
+            id="checksum-mismatch",
+        ),
+        pytest.param(
+            _client_error(400, "InvalidRequest"), StorageRejected, "refused", id="other-400"
+        ),
+        pytest.param(
+            _client_error(501, "NotImplemented"), StorageUnavailable, "NotImplemented", id="501"
+        ),
+        pytest.param(_client_error(503, "SlowDown"), StorageUnavailable, "SlowDown", id="503"),
+        pytest.param(
+            _client_error(429, "TooManyRequests"), StorageUnavailable, "TooMany", id="429"
+        ),
+        pytest.param(
+            _client_error(408, "RequestTimeout"), StorageUnavailable, "RequestTimeout", id="408"
+        ),
+        pytest.param(
+            botocore.exceptions.NoCredentialsError(),
+            StorageAccessDenied,
+            "credentialsSecret",
+            id="no-credentials",
+        ),
+        pytest.param(
+            botocore.exceptions.EndpointConnectionError(endpoint_url="http://127.0.0.1:1"),
+            StorageUnavailable,
+            "127.0.0.1:1",
+            id="connection-refused",
+        ),
+        pytest.param(ConnectionResetError("reset"), StorageUnavailable, "reset", id="os-error"),
+    ],
+)
+def test_errors_are_translated(err: Exception, kind: type[StorageError], words: str) -> None:
+    translated = Store(client=None, bucket="b")._translate(err, "k")
+
+    assert type(translated) is kind
+    assert words in str(translated)
+
+
+def test_an_unrelated_exception_is_not_swallowed() -> None:
+    with pytest.raises(KeyError):
+        Store(client=None, bucket="b")._translate(KeyError("bug"), "k")
+
+
+@pytest.mark.parametrize(
+    ("uri", "bucket", "prefix"),
+    [
+        pytest.param("s3://b", "b", "", id="bucket-only"),
+        pytest.param("s3://b/", "b", "", id="bucket-slash"),
+        pytest.param("s3://b/runs/x/", "b", "runs/x", id="prefix-slashes-stripped"),
+    ],
+)
+def test_parse_uri(uri: str, bucket: str, prefix: str) -> None:
+    assert parse_uri(uri) == Location(bucket, prefix)
+
+
+@pytest.mark.parametrize(
+    "uri", ["b/runs", "gs://b/x", "s3://", "s3:///x"], ids=["no-scheme", "gs", "empty", "no-bucket"]
+)
+def test_parse_uri_refuses(uri: str) -> None:
+    with pytest.raises(ValueError, match="storage uri"):
+        parse_uri(uri)
+
+
+def test_location_key_joins_without_double_slashes() -> None:
+    assert RUN.key(checkpoint_prefix(7), CHECKPOINT_MANIFEST) == (
+        "runs/ml/r1/checkpoints/checkpoint-7/MANIFEST.json"
+    )
+    assert Location("b", "").key(RUN_MANIFEST) == "manifest.json"
+    assert json.loads(RunManifest().to_json())["version"] == MANIFEST_VERSION

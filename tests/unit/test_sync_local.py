@@ -1,0 +1,404 @@
+"""The sidecar's local side: the checkpoint folder, the downward API file, and transfer pacing.
+
+Covers:
+
+- sync.scan() on real temporary folders: ``checkpoint-<step>/`` folders only (oldest step first,
+  numerically), other folders, plain files and a symlinked checkpoint folder ignored, nested
+  files as POSIX relative paths, the completion marker noticed but never listed as a file,
+  symlinked files and folders inside a checkpoint not uploaded, ``trainer_state.json`` noticed
+  only at the top, newest mtime, a missing folder;
+- LocalCheckpoint.complete(now, quiet, trainer_gone): marked, trainer_state.json plus the quiet
+  period (exact boundary), trainer gone, and never without either;
+- read_annotation() on files in the downward API format (``key="value"`` lines as Go's %q
+  writes them): escaped quotes and backslashes, ``\\n``, ``\\u`` escapes, raw UTF-8, an empty
+  value, a key that only shares a prefix, a missing file or folder; hypothesis round-trip of
+  values quoted the way Go quotes them;
+- local.request_save / save_requested and write_progress / read_progress: round trips, the
+  control folder created, atomic replace (no temporary left), garbage tolerated;
+- transfer.Throttle with a fake clock: no rate never sleeps; the total sleep is (bytes before
+  the last take) / rate; idle time gives no burst credit;
+- transfer.format_bytes and Progress.line() / add(): units, percent, files, rate, and one log
+  line per period.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from trainingrun import local, transfer
+from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE
+from trainingrun.sync import LocalCheckpoint, read_annotation, scan
+from trainingrun.transfer import MiB, Progress, Throttle, format_bytes
+
+
+def _write(path: Path, data: bytes = b"x", mtime: float | None = None) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    if mtime is not None:
+        os.utime(path, (mtime, mtime))
+    return path
+
+
+# -- scan -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    """checkpoint-9 (marked), checkpoint-10 (trainer state), checkpoint-100 (neither), and
+    things that are not checkpoints."""
+    root = tmp_path / "checkpoints"
+    _write(root / "checkpoint-9" / "model.bin", b"m" * 10, mtime=1000)
+    _write(root / "checkpoint-9" / COMPLETE_MARKER, b"", mtime=1005)
+    _write(root / "checkpoint-10" / TRAINER_STATE, b"{}", mtime=2000)
+    _write(root / "checkpoint-10" / "sub" / "rank-0.pt", b"r" * 3, mtime=2001)
+    _write(root / "checkpoint-100" / "model.bin", b"partial", mtime=3000)
+    for other in (
+        "checkpoint-abc",
+        "tmp-checkpoint-5",
+        "checkpoint-5.tmp",
+        ".restore-checkpoint-5",
+        "runs",
+        ".trainingrun",
+    ):
+        _write(root / other / TRAINER_STATE, b"{}")
+    _write(root / "checkpoint-7", b"a file, not a folder")
+    (root / "checkpoint-8").symlink_to(root / "checkpoint-9", target_is_directory=True)
+    return root
+
+
+def test_scan_finds_checkpoint_folders_oldest_first(folder: Path) -> None:
+    found = scan(folder)
+
+    assert [c.step for c in found] == [9, 10, 100]
+    assert [c.path for c in found] == [folder / f"checkpoint-{s}" for s in (9, 10, 100)]
+
+
+def test_scan_reads_marker_state_files_and_mtime(folder: Path) -> None:
+    by_step = {c.step: c for c in scan(folder)}
+
+    nine, ten, hundred = by_step[9], by_step[10], by_step[100]
+    assert (nine.marked, nine.has_state, nine.files) == (True, False, (("model.bin", 10),))
+    assert nine.newest_mtime == 1005  # the marker counts as a change
+    assert (ten.marked, ten.has_state) == (False, True)
+    assert ten.files == (("sub/rank-0.pt", 3), (TRAINER_STATE, 2))
+    assert ten.newest_mtime == 2001
+    assert (hundred.marked, hundred.has_state) == (False, False)
+
+
+def test_scan_does_not_upload_symlinks(tmp_path: Path) -> None:
+    root = tmp_path / "checkpoints"
+    secret = _write(tmp_path / "outside" / "secret.txt", b"do not upload")
+    ckpt = root / "checkpoint-1"
+    _write(ckpt / "model.bin", b"12345")
+    (ckpt / "link.txt").symlink_to(secret)
+    (ckpt / "linked-dir").symlink_to(secret.parent, target_is_directory=True)
+    (ckpt / "dangling").symlink_to(tmp_path / "nowhere")
+
+    [found] = scan(root)
+
+    assert found.files == (("model.bin", 5),)
+
+
+def test_trainer_state_counts_only_at_the_top(tmp_path: Path) -> None:
+    _write(tmp_path / "checkpoint-3" / "nested" / TRAINER_STATE, b"{}")
+
+    [found] = scan(tmp_path)
+
+    assert not found.has_state
+    assert found.files == ((f"nested/{TRAINER_STATE}", 2),)
+
+
+def test_scan_of_a_missing_or_empty_folder(tmp_path: Path) -> None:
+    assert scan(tmp_path / "not-yet") == []
+    assert scan(tmp_path) == []
+
+
+def _ckpt(marked: bool, has_state: bool, newest: float = 100.0) -> LocalCheckpoint:
+    return LocalCheckpoint(1, Path("/c/checkpoint-1"), marked, has_state, (("a", 1),), newest)
+
+
+@pytest.mark.parametrize(
+    ("ckpt", "now", "trainer_gone", "complete"),
+    [
+        pytest.param(_ckpt(True, False), 100.0, False, True, id="marked-at-once"),
+        pytest.param(_ckpt(False, True), 109.9, False, False, id="state-still-quiet-period"),
+        pytest.param(_ckpt(False, True), 110.0, False, True, id="state-quiet-period-over"),
+        pytest.param(_ckpt(False, True), 100.0, True, True, id="state-trainer-gone"),
+        pytest.param(_ckpt(False, False), 10_000.0, False, False, id="no-state-never"),
+        pytest.param(_ckpt(False, False), 10_000.0, True, False, id="no-state-trainer-gone"),
+    ],
+)
+def test_complete(ckpt: LocalCheckpoint, now: float, trainer_gone: bool, complete: bool) -> None:
+    assert ckpt.complete(now, quiet_seconds=10.0, trainer_gone=trainer_gone) is complete
+
+
+def test_scanned_checkpoint_completes_after_the_quiet_period(folder: Path) -> None:
+    by_step = {c.step: c for c in scan(folder)}
+
+    assert by_step[9].complete(0.0, 10.0, False)
+    assert not by_step[10].complete(2010.9, 10.0, False)
+    assert by_step[10].complete(2011.0, 10.0, False)
+    assert not by_step[100].complete(1e9, 10.0, True)
+
+
+# -- the downward API annotations file ---------------------------------------------------
+
+NOTICE = "trainingrun.dev/preemption-notice"
+
+
+def _annotations(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "annotations"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        pytest.param(
+            f'{NOTICE}="taint karpenter.sh/disrupted"', "taint karpenter.sh/disrupted", id="plain"
+        ),
+        pytest.param(f'{NOTICE}="said \\"now\\""', 'said "now"', id="escaped-quotes"),
+        pytest.param(f'{NOTICE}="C:\\\\x"', "C:\\x", id="escaped-backslash"),
+        pytest.param(f'{NOTICE}="a\\nb\\tc"', "a\nb\tc", id="newline-and-tab"),
+        pytest.param(f'{NOTICE}="caf\\u00e9 \\U0001f600"', "café 😀", id="unicode-escapes"),
+        pytest.param(f'{NOTICE}="nœud préempté"', "nœud préempté", id="raw-utf8"),
+        pytest.param(f'{NOTICE}=""', "set", id="empty-value"),
+    ],
+)
+def test_read_annotation(tmp_path: Path, line: str, expected: str) -> None:
+    path = _annotations(
+        tmp_path,
+        'kubernetes.io/config.seen="2025-01-01T00:00:00Z"',
+        line,
+        'zz/other="x"',
+    )
+
+    assert read_annotation(path, NOTICE) == expected
+
+
+def test_read_annotation_absent(tmp_path: Path) -> None:
+    path = _annotations(tmp_path, f'{NOTICE}-not="x"', f'x{NOTICE}="y"', "no equals sign")
+
+    assert read_annotation(path, NOTICE) is None
+    assert read_annotation(tmp_path / "missing", NOTICE) is None
+    assert read_annotation(path / "annotations", NOTICE) is None  # podinfo dir is a file
+
+
+def _go_quote(value: str) -> str:
+    """The way Go's %q writes a string: escapes for quotes, backslashes and unprintables,
+    printable Unicode as is."""
+    out = []
+    for ch in value:
+        if ch in '"\\':
+            out.append("\\" + ch)
+        elif ch.isprintable():
+            out.append(ch)
+        elif ord(ch) < 0x80:
+            out.append({"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(ch, f"\\x{ord(ch):02x}"))
+        elif ord(ch) <= 0xFFFF:
+            out.append(f"\\u{ord(ch):04x}")
+        else:
+            out.append(f"\\U{ord(ch):08x}")
+    return '"' + "".join(out) + '"'
+
+
+@given(value=st.text(alphabet=st.characters(blacklist_categories=["Cs"]), min_size=1, max_size=40))
+def test_read_annotation_round_trips_go_quoting(
+    value: str, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    path = _annotations(
+        tmp_path_factory.mktemp("podinfo"), 'a/b="c"', f"{NOTICE}={_go_quote(value)}"
+    )
+
+    assert read_annotation(path, NOTICE) == value
+
+
+# -- control files --------------------------------------------------------------------------
+
+
+def test_save_request_round_trip(tmp_path: Path) -> None:
+    assert local.save_requested(tmp_path) is None
+
+    local.request_save(tmp_path, "preemption notice: taint x")
+
+    assert (tmp_path / local.CONTROL_DIR).is_dir()
+    assert local.save_requested(tmp_path) == "preemption notice: taint x"
+    local.request_save(tmp_path, "SIGTERM")
+    assert local.save_requested(tmp_path) == "SIGTERM"
+
+
+def test_empty_save_request_still_counts(tmp_path: Path) -> None:
+    _write(local.control_path(tmp_path, local.SAVE_NOW), b"\n")
+
+    assert local.save_requested(tmp_path) == "requested"
+
+
+@pytest.mark.parametrize(
+    "progress",
+    [local.Progress(120, 1000), local.Progress(0, None)],
+    ids=["with-max-steps", "without-max-steps"],
+)
+def test_progress_round_trip(tmp_path: Path, progress: local.Progress) -> None:
+    local.write_progress(tmp_path, local.Progress(1, 2))
+    local.write_progress(tmp_path, progress)
+
+    assert local.read_progress(tmp_path) == progress
+    assert os.listdir(tmp_path / local.CONTROL_DIR) == [local.PROGRESS]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"", id="empty"),
+        pytest.param(b'{"step": 1', id="half-written"),
+        pytest.param(b"\xff\xfe", id="not-utf8"),
+        pytest.param(b"[1, 2]", id="array"),
+        pytest.param(b"null", id="null"),
+        pytest.param(b'{"max_steps": 5}', id="no-step"),
+        pytest.param(b'{"step": "twelve"}', id="step-not-a-number"),
+        pytest.param(b'{"step": null}', id="step-null"),
+        pytest.param(b'{"step": NaN}', id="step-nan"),
+        pytest.param(b'{"step": Infinity}', id="step-infinite"),
+        pytest.param(b'{"step": 1e999}', id="step-overflows"),
+        pytest.param(b"[" * 100_000, id="deeply-nested"),
+    ],
+)
+def test_garbage_progress_is_ignored(tmp_path: Path, data: bytes) -> None:
+    _write(local.control_path(tmp_path, local.PROGRESS), data)
+
+    assert local.read_progress(tmp_path) is None
+
+
+def test_missing_progress_is_none(tmp_path: Path) -> None:
+    assert local.read_progress(tmp_path) is None
+
+
+# -- throttle and progress lines ---------------------------------------------------------
+
+
+class FakeClock:
+    """Stands in for the ``time`` module of trainingrun.transfer: sleeping moves the clock."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+        self.slept: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
+    fake = FakeClock()
+    monkeypatch.setattr(transfer, "time", fake)
+    return fake
+
+
+def test_throttle_without_a_rate_never_waits(clock: FakeClock) -> None:
+    throttle = Throttle(None)
+    for _ in range(10):
+        throttle.take(100 * MiB)
+
+    assert clock.slept == []
+
+
+@given(st.lists(st.integers(min_value=1, max_value=64 * MiB), min_size=1, max_size=20))
+def test_throttle_total_sleep_is_bytes_over_rate(sizes: list[int]) -> None:
+    clock = FakeClock()
+    rate = 10 * MiB
+    original = transfer.time
+    transfer.time = clock  # type: ignore[assignment]
+    try:
+        throttle = Throttle(rate)
+        for n in sizes:
+            throttle.take(n)
+    finally:
+        transfer.time = original
+
+    # The first take goes at once; each later one waits for the bytes before it.
+    assert sum(clock.slept) == pytest.approx(sum(sizes[:-1]) / rate)
+    assert clock.now - 1000.0 == pytest.approx(sum(sizes[:-1]) / rate)
+
+
+def test_throttle_gives_no_burst_credit_for_idle_time(clock: FakeClock) -> None:
+    throttle = Throttle(1 * MiB)
+    throttle.take(1 * MiB)
+    clock.now += 60  # idle for a minute
+
+    throttle.take(1 * MiB)
+    throttle.take(1 * MiB)
+
+    assert clock.slept == [pytest.approx(1.0)]
+
+
+@pytest.mark.parametrize(
+    ("n", "text"),
+    [
+        pytest.param(0, "0 B", id="zero"),
+        pytest.param(1023, "1023 B", id="bytes"),
+        pytest.param(1024, "1.0 KiB", id="one-kib"),
+        pytest.param(1536, "1.5 KiB", id="kib"),
+        pytest.param(5 * MiB, "5.0 MiB", id="mib"),
+        pytest.param(2.5 * 1024 * MiB, "2.5 GiB", id="gib"),
+        pytest.param(3 * 1024 * 1024 * MiB, "3072.0 GiB", id="tib-stays-gib"),
+    ],
+)
+def test_format_bytes(n: float, text: str) -> None:
+    assert format_bytes(n) == text
+
+
+def test_progress_line(clock: FakeClock) -> None:
+    progress = Progress("checkpoint-5", 3 * MiB, 4, started=clock.now, _last_log=clock.now)
+    progress.done_bytes = 3 * MiB // 2
+    progress.file_done()
+    clock.now += 2
+
+    assert progress.line() == ("checkpoint-5: 1.5 MiB / 3.0 MiB (50%), 1/4 files, 768.0 KiB/s")
+
+
+def test_progress_line_of_an_empty_transfer(clock: FakeClock) -> None:
+    progress = Progress("checkpoint-0", 0, 0, started=clock.now, _last_log=clock.now)
+
+    assert progress.line() == "checkpoint-0: 0 B / 0 B (100%), 0/0 files, 0 B/s"
+
+
+def test_progress_add_counts_and_logs_once_per_period(
+    clock: FakeClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    seen: list[int] = []
+    progress = Progress(
+        "up", 100, 1, every=5.0, on_bytes=seen.append, started=clock.now, _last_log=clock.now
+    )
+    caplog.set_level(logging.INFO, logger="trainingrun.transfer")
+
+    for _ in range(10):  # 10 adds, one second apart: logs at 5 s and 10 s
+        clock.now += 1
+        progress.add(10)
+
+    assert seen == [10] * 10
+    assert progress.done_bytes == 100
+    lines: list[Any] = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2
+    assert lines[-1].startswith("up: 100 B / 100 B (100%)")
+
+
+def test_progress_file_written_as_json(tmp_path: Path) -> None:
+    local.write_progress(tmp_path, local.Progress(7, 70))
+
+    raw = json.loads(local.control_path(tmp_path, local.PROGRESS).read_text())
+
+    assert raw == {"step": 7, "max_steps": 70}
