@@ -5,8 +5,10 @@ Covers every row of the table in ``trainingrun.decide.classify`` and the cases a
 - trainer exit 0 (or pod Succeeded) -> Succeeded, also on a noticed or failing node;
 - non-zero exit -> Failed "Error" (with the termination message), OOMKilled, a failed user
   init container, a failed pod without container statuses;
-- DisruptionTarget with each reason the control plane sets -> Preempted with that reason, also
-  when the trainer then exited non-zero; a DisruptionTarget that is not True is ignored;
+- DisruptionTarget with each reason the control plane sets -> Preempted with that reason once
+  the pod stopped (also when the trainer then exited non-zero), or at once when its node is
+  NotReady, deleted or unknown; while a Ready node stops it -> NotEnded "Terminating" (the save
+  at SIGTERM must land first); a DisruptionTarget that is not True is ignored;
 - pod gone, node deleted, node NotReady/Unknown, ``status.reason`` Shutdown/Evicted/NodeLost/
   Terminated/Preempting -> Preempted;
 - a notice taint on the node or the notice annotation, then an end -> Preempted; a notice alone
@@ -57,6 +59,14 @@ def _classify(case: Case) -> Outcome:
 
 
 ready_node = make_node("n1").build()
+
+
+def removed(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod's last state as its DELETED event carries it: deleted with grace 0."""
+    pod["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
+    pod["metadata"]["deletionGracePeriodSeconds"] = 0
+    return pod
+
 
 CASES = [
     # -- Succeeded --------------------------------------------------------------------------
@@ -186,10 +196,70 @@ CASES = [
                 make_pod().running().disrupted(reason, f"{reason} message").build(),
                 End.PREEMPTED,
                 reason,
+                make_node("n1").not_ready().build(),
+                message_has=f"{reason} message",
+            ),
+            id=f"disruption-target-{reason}-on-a-not-ready-node-preempts-at-once",
+        )
+        for reason in (
+            "PreemptionByScheduler",
+            "DeletionByTaintManager",
+            "EvictionByEvictionAPI",
+            "DeletionByPodGC",
+            "TerminationByKubelet",
+        )
+    ],
+    *[
+        pytest.param(
+            Case(
+                make_pod().running().disrupted(reason).build(),
+                End.NOT_ENDED,
+                "Terminating",
+                ready_node,
+                message_has=reason,
+            ),
+            id=f"disruption-target-{reason}-waits-while-a-ready-node-stops-the-pod",
+        )
+        for reason in ("EvictionByEvictionAPI", "PreemptionByScheduler", "TerminationByKubelet")
+    ],
+    pytest.param(
+        Case(
+            make_pod().running().disrupted("EvictionByEvictionAPI").build(),
+            End.PREEMPTED,
+            "EvictionByEvictionAPI",
+            None,
+        ),
+        id="disruption-target-on-an-unknown-node-preempts",
+    ),
+    pytest.param(
+        Case(
+            removed(make_pod().running().disrupted("EvictionByEvictionAPI").build()),
+            End.PREEMPTED,
+            "EvictionByEvictionAPI",
+            ready_node,
+        ),
+        id="disruption-target-in-a-removed-pods-last-state-preempts",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().disrupted("DeletionByTaintManager").build(),
+            End.PREEMPTED,
+            "DeletionByTaintManager",
+            None,
+            node_deleted=True,
+        ),
+        id="disruption-target-on-a-deleted-node-preempts-at-once",
+    ),
+    *[
+        pytest.param(
+            Case(
+                make_pod().trainer_exited(143).disrupted(reason, f"{reason} message").build(),
+                End.PREEMPTED,
+                reason,
                 ready_node,
                 message_has=f"{reason} message",
             ),
-            id=f"disruption-target-{reason}-preempts",
+            id=f"disruption-target-{reason}-preempts-once-the-pod-stopped",
         )
         for reason in (
             "PreemptionByScheduler",

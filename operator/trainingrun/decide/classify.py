@@ -3,7 +3,8 @@
 | seen                                                         | class         |
 | ------------------------------------------------------------ | ------------- |
 | trainer exited 0                                             | Succeeded     |
-| DisruptionTarget, node gone or NotReady, reason Shutdown/... | Preempted     |
+| DisruptionTarget (once the pod stopped, or its node is gone), | Preempted     |
+| node gone or NotReady, reason Shutdown/...                   |               |
 | notice taint on the node or notice annotation, then an end   | Preempted     |
 | non-zero exit, OOMKilled                                     | Failed        |
 | restore exited with the checkpoint-bad code                  | CheckpointBad |
@@ -92,6 +93,11 @@ def node_not_ready(node: Mapping[str, Any] | None) -> bool:
     return ready is not None and ready.get("status") != "True"
 
 
+def _node_alive(node: Mapping[str, Any] | None, node_deleted: bool) -> bool:
+    """The node is known, present and Ready: its kubelet will finish stopping the pod."""
+    return node is not None and not node_deleted and not node_not_ready(node)
+
+
 def classify(
     pod: Mapping[str, Any] | None,
     *,
@@ -108,6 +114,13 @@ def classify(
     disruption = _condition(pod, "DisruptionTarget")
     if disruption and disruption.get("status") == "True":
         reason = str(disruption.get("reason") or "DisruptionTarget")
+        removed = (pod.get("metadata") or {}).get("deletionGracePeriodSeconds") == 0
+        if phase not in ("Succeeded", "Failed") and not removed and _node_alive(node, node_deleted):
+            # Its kubelet is stopping it: the trainer saves at the next step end and the
+            # sidecar commits that checkpoint within the grace period. Resubmitting now would
+            # resume from an older checkpoint and lose those steps. (A deletion grace of 0 is
+            # the final removal, the pod's last state: nothing more will come.)
+            return Outcome(End.NOT_ENDED, "Terminating", f"{reason}: saving and stopping")
         return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
 
     restore = _terminated(_container_status(pod, RESTORE_CONTAINER))
