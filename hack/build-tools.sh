@@ -3,6 +3,7 @@
 # the clone, keyed by each wrapper module's go.mod and go.sum, so a warm run returns at once:
 #   k8s/  etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (one release)
 #   kwok/ kwok, kwokctl
+#   helm/ helm (installs the chart in tests, and for users with Docker)
 # Prints the bin folder that holds all of them (symlinks into the keyed build folders).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -51,7 +52,14 @@ kwok_ldflags+=" -X sigs.k8s.io/kwok/pkg/consts.KubeVersion=${k8s#v}"
 kwok_out=$(build "$here/kwok" "$kwok_ldflags" \
   kwok=sigs.k8s.io/kwok/cmd/kwok kwokctl=sigs.k8s.io/kwok/cmd/kwokctl)
 
+# `go mod tidy` writes a lone requirement on one line: `require helm.sh/helm/v4 vX.Y.Z`.
+helm=$(awk '$1 == "require" && $2 == "helm.sh/helm/v4" {print $3; exit}' "$here/helm/go.mod")
+[ -n "$helm" ] || { echo "hack/helm/go.mod requires no helm.sh/helm/v4 version" >&2; exit 1; }
+hv=helm.sh/helm/v4/internal/version
+helm_out=$(build "$here/helm" "-s -w -X $hv.version=$helm -X $hv.gitTreeState=clean" \
+  helm=helm.sh/helm/v4/cmd/helm)
+
 bin="$cache/bin"
 mkdir -p "$bin"
-for f in "$k8s_out"/* "$kwok_out"/*; do ln -sfn "$f" "$bin/$(basename "$f")"; done
+for f in "$k8s_out"/* "$kwok_out"/* "$helm_out"/*; do ln -sfn "$f" "$bin/$(basename "$f")"; done
 echo "$bin"
