@@ -10,9 +10,24 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds crds-check lint typecheck layers \
 	test test-unit test-integration bench-tools bench-transfer clean
+.PHONY: chart-crds chart-readme chart-check hadolint images kind-up kind-load kind-install kind-e2e \
+	kind-down
+
+CHART := charts/trainingrun
+# Images and the kind cluster of the kind-* targets (users with Docker and kind).
+IMAGE_TAG ?= dev
+OPERATOR_IMAGE ?= ghcr.io/trainingrun/operator
+AGENT_IMAGE ?= ghcr.io/trainingrun/agent
+KIND ?= kind
+KIND_CLUSTER ?= trainingrun
+KUBECTL ?= kubectl
+# helm on PATH, else the one `make tools` builds.
+HELM ?= $(or $(shell command -v helm 2>/dev/null),$(or $(TRAININGRUN_CACHE),$(HOME)/.cache/trainingrun)/bin/helm)
+KIND_CONTEXT := kind-$(KIND_CLUSTER)
+KIND_NAMESPACE ?= trainingrun-system
 
 help: ## List the targets with one line each
-	@grep -hE '^[a-zA-Z_-]+:.*?## ' $(MAKEFILE_LIST) | \
+	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml constraints.txt
@@ -65,8 +80,52 @@ test-unit: venv ## Unit tests (no cluster)
 test-integration: venv tools ## Integration tests against the real control plane and SeaweedFS
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck layers crds-check tools ## Everything CI runs: lint, types, layers, unit and integration tests
+test: lint typecheck layers crds-check chart-check hadolint tools ## Everything CI runs: lint, types, layers, unit and integration tests
 	$(BIN)/pytest tests
+
+chart-crds: ## Copy crds/trainingrun.yaml into the chart's crds/ folder
+	cp crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml
+
+chart-readme: venv ## Regenerate the chart's README.md from the '# --' comments of its values.yaml
+	$(BIN)/python -m tests.chart.readme --write
+
+chart-check: venv ## Fail when the chart's CRD copy or README.md is stale
+	@diff -q crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml >/dev/null || \
+		{ echo "$(CHART)/crds/trainingrun.yaml is stale: run 'make chart-crds' and commit it"; exit 1; }
+	@$(BIN)/python -m tests.chart.readme --check
+
+hadolint: venv ## Lint the Dockerfiles of the operator and agent images
+	$(BIN)/hadolint images/operator/Dockerfile images/agent/Dockerfile
+
+images: ## Build the operator and agent images with Docker (IMAGE_TAG=dev)
+	docker build -f images/operator/Dockerfile -t $(OPERATOR_IMAGE):$(IMAGE_TAG) .
+	docker build -f images/agent/Dockerfile -t $(AGENT_IMAGE):$(IMAGE_TAG) .
+
+kind-up: ## Create a kind cluster (KIND_CLUSTER=trainingrun), or reuse it
+	@$(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || \
+		$(KIND) create cluster --name $(KIND_CLUSTER) --wait 120s
+
+kind-load: images ## Load the images into the kind cluster
+	$(KIND) load docker-image --name $(KIND_CLUSTER) $(OPERATOR_IMAGE):$(IMAGE_TAG) $(AGENT_IMAGE):$(IMAGE_TAG)
+
+kind-install: kind-load ## Install (or upgrade) the chart in the kind cluster with the local images
+	@# helm never upgrades a CRD it installed: apply the current one first.
+	$(KUBECTL) --context $(KIND_CONTEXT) apply --server-side -f crds/trainingrun.yaml
+	$(HELM) upgrade --install trainingrun $(CHART) --kube-context $(KIND_CONTEXT) \
+		--namespace $(KIND_NAMESPACE) --create-namespace --wait --timeout 3m \
+		--set image.repository=$(OPERATOR_IMAGE) --set image.tag=$(IMAGE_TAG) \
+		--set image.pullPolicy=Never --set agent.image.repository=$(AGENT_IMAGE) \
+		--set agent.image.tag=$(IMAGE_TAG) --set agent.image.pullPolicy=Never
+
+kind-e2e: kind-install ## Apply examples/trainingrun.yaml in the kind cluster and watch the operator take it
+	$(KUBECTL) --context $(KIND_CONTEXT) apply -f examples/trainingrun.yaml
+	$(KUBECTL) --context $(KIND_CONTEXT) wait trainingrun/finetune-demo --timeout=120s \
+		--for=jsonpath='{.status.observedGeneration}'=1
+	$(KUBECTL) --context $(KIND_CONTEXT) get trainingruns,pods -o wide
+	$(KUBECTL) --context $(KIND_CONTEXT) get events --field-selector involvedObject.name=finetune-demo
+
+kind-down: ## Delete the kind cluster
+	$(KIND) delete cluster --name $(KIND_CLUSTER)
 
 bench-tools: ## Install rclone (Debian package), a baseline of the transfer benchmark
 	@command -v rclone >/dev/null || { apt-get update -qq && apt-get install -y -qq rclone; }
