@@ -1,0 +1,277 @@
+"""The Helm chart against the real control plane (no mocks): ``helm install`` into a fresh
+namespace with a release name of its own, the operator pod scheduled on a kwok node, and RBAC
+checked by the API server itself.
+
+Covers: a cluster-wide install next to the TrainingRun CRD that other tests installed already
+(helm skips an existing CRD), the pod Running on the kwok node with the chart's security context,
+the CRDs served and the peering object created; ``kubectl auth can-i`` yes for every verb and
+resource the operator uses (tests/chart/rbac.py) and no for a few it must not have; uninstall
+removes the RBAC and keeps the CRDs. A namespaced install, and the real operator process
+authenticated as the chart's ServiceAccount (a TokenRequest token, no impersonation) taking a
+TrainingRun through start, a preemption notice and a resubmission with no 403 in its log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+
+from tests import localenv as localenv_mod
+from tests.chart import rbac
+from tests.integration.support import Runs, credentials_secret, trainingrun, wait_for
+from tests.localenv import LocalEnv
+from trainingrun import api
+from trainingrun.decide.classify import NOTICE_ANNOTATION
+
+CHART = Path(__file__).resolve().parents[2] / "charts" / "trainingrun"
+
+
+@pytest.fixture(scope="module")
+def helm() -> Path:
+    path = localenv_mod.build_tools() / "helm"
+    assert path.exists(), f"{path} is missing: hack/build-tools.sh should have built it"
+    return path
+
+
+class Release:
+    """One helm release of the chart in one namespace of the local environment."""
+
+    def __init__(self, helm: Path, env: LocalEnv, namespace: str) -> None:
+        self.helm, self.env, self.namespace = helm, env, namespace
+        self.name = f"chart-{uuid.uuid4().hex[:6]}"
+        self.fullname = f"{self.name}-trainingrun"
+        self.installed = False
+
+    def run(self, *args: str, stdin: str | None = None) -> str:
+        proc = subprocess.run(
+            [str(self.helm), *args, "--kubeconfig", self.env.kubeconfig, "-n", self.namespace],
+            input=stdin,
+            capture_output=True,
+            text=True,
+            check=False,
+            timeout=300,
+        )
+        assert proc.returncode == 0, f"helm {args[0]} failed: {proc.stderr}"
+        return proc.stdout
+
+    def install(self, values: dict[str, Any]) -> None:
+        self.run(
+            "install",
+            self.name,
+            str(CHART),
+            "--values",
+            "-",
+            "--wait",
+            "--timeout",
+            "180s",
+            stdin=json.dumps(values),
+        )
+        self.installed = True
+
+    def uninstall(self) -> None:
+        if self.installed:
+            self.run("uninstall", self.name, "--wait", "--timeout", "120s")
+            self.installed = False
+
+    def can_i(self, group: str, resource: str, verb: str, namespace: str | None) -> bool:
+        """The API server's answer for the chart's ServiceAccount."""
+        name, _, sub = resource.partition("/")
+        args = ["auth", "can-i", verb, f"{name}.{group}" if group else name]
+        args += [f"--subresource={sub}"] if sub else []
+        args += ["-n", namespace] if namespace else ["--all-namespaces"]
+        args += [f"--as=system:serviceaccount:{self.namespace}:{self.fullname}"]
+        proc = self.env.kubectl_run(*args)
+        answer = proc.stdout.strip()
+        assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stderr}"
+        return answer == "yes"
+
+
+@pytest.fixture
+def release(helm: Path, localenv: LocalEnv, namespace: str) -> Iterator[Release]:
+    rel = Release(helm, localenv, namespace)
+    yield rel
+    rel.uninstall()
+
+
+def operator_pod(core_v1: Any, release: Release) -> Any:
+    pods = core_v1.list_namespaced_pod(
+        release.namespace, label_selector=f"app.kubernetes.io/instance={release.name}"
+    ).items
+    assert len(pods) == 1, [p.metadata.name for p in pods]
+    return pods[0]
+
+
+def test_clusterwide_install_grants_what_the_operator_uses(
+    release: Release,
+    localenv: LocalEnv,
+    crd: str,
+    kwok_node: Callable[..., str],
+    core_v1: Any,
+    api_client: Any,
+) -> None:
+    node = kwok_node()
+    # The TrainingRun CRD exists already (the crd fixture): helm installs the chart anyway.
+    release.install({"nodeSelector": {"kubernetes.io/hostname": node}})
+
+    pod = operator_pod(core_v1, release)
+    assert pod.spec.node_name == node
+    assert pod.status.phase == "Running"
+    assert pod.spec.service_account_name == release.fullname
+    assert pod.spec.security_context.run_as_non_root is True
+    assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
+    assert pod.spec.containers[0].args[:2] == ["operator", f"--peering={release.fullname}"]
+
+    custom = client.CustomObjectsApi(api_client)
+    custom.list_namespaced_custom_object(api.GROUP, api.VERSION, release.namespace, api.PLURAL)
+    peering = custom.get_cluster_custom_object(
+        "kopf.dev", "v1", "clusterkopfpeerings", release.fullname
+    )
+    assert peering["metadata"]["name"] == release.fullname
+
+    other = "default"
+    for group, resource, verb in sorted(rbac.clusterwide_grants()):
+        for ns in (None, release.namespace, other):
+            if resource in ("nodes", "customresourcedefinitions", "clusterkopfpeerings") and ns:
+                continue  # cluster-scoped
+            assert release.can_i(group, resource, verb, ns), (verb, group, resource, ns)
+    for group, resource, verb in rbac.FORBIDDEN:
+        assert not release.can_i(group, resource, verb, release.namespace), (verb, resource)
+        assert not release.can_i(group, resource, verb, None), (verb, resource)
+
+    release.uninstall()
+    rbac_v1 = client.RbacAuthorizationV1Api(api_client)
+    names = {r.metadata.name for r in rbac_v1.list_cluster_role().items}
+    assert not {release.fullname, f"{release.fullname}-framework"} & names
+    assert not release.can_i("", "pods", "create", release.namespace)
+    # helm never deletes CRDs: the TrainingRuns of other releases and tests stay.
+    custom.list_namespaced_custom_object(api.GROUP, api.VERSION, release.namespace, api.PLURAL)
+
+
+def _sa_kubeconfig(env: LocalEnv, core_v1: Any, release: Release, path: Path) -> Path:
+    """A kubeconfig that authenticates as the chart's ServiceAccount with a short-lived token."""
+    token = core_v1.create_namespaced_service_account_token(
+        release.fullname,
+        release.namespace,
+        client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=3600)
+        ),
+    ).status.token
+    admin = yaml.safe_load(Path(env.kubeconfig).read_text())
+    context = next(c for c in admin["contexts"] if c["name"] == admin["current-context"])
+    cluster = next(c for c in admin["clusters"] if c["name"] == context["context"]["cluster"])
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [cluster],
+        "users": [{"name": "operator", "user": {"token": token}}],
+        "contexts": [
+            {"name": "operator", "context": {"cluster": cluster["name"], "user": "operator"}}
+        ],
+        "current-context": "operator",
+    }
+    path.touch(mode=0o600)
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def test_operator_runs_as_the_charts_service_account(
+    release: Release,
+    localenv: LocalEnv,
+    crd: str,
+    kwok_node: Callable[..., str],
+    core_v1: Any,
+    api_client: Any,
+    tmp_path: Path,
+) -> None:
+    ns = release.namespace
+    node = kwok_node()
+    release.install(
+        {
+            "operator": {"watchNamespaces": [ns]},
+            "nodeSelector": {"kubernetes.io/hostname": node},
+        }
+    )
+    assert operator_pod(core_v1, release).status.phase == "Running"
+    # Namespaced: the namespaced rules hold in the watched namespace only.
+    assert release.can_i("", "pods", "create", ns)
+    assert release.can_i(api.GROUP, "trainingruns/status", "patch", ns)
+    assert release.can_i("kopf.dev", "kopfpeerings", "patch", ns)
+    assert not release.can_i("", "pods", "create", "default")
+    assert not release.can_i("", "secrets", "get", "default")
+    assert not release.can_i("kopf.dev", "clusterkopfpeerings", "patch", None)
+
+    kubeconfig = _sa_kubeconfig(localenv, core_v1, release, tmp_path / "operator.kubeconfig")
+    identity = f"chart-test-{uuid.uuid4().hex[:6]}"
+    log_path = tmp_path / "operator.log"
+    env = {
+        **os.environ,
+        "KUBECONFIG": str(kubeconfig),
+        "POD_ID": identity,
+        "TRAININGRUN_RESYNC_SECONDS": "600",
+        "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "1",
+    }
+    args = ["operator", f"--namespace={ns}", f"--peering={release.fullname}"]
+    with log_path.open("ab") as log_file:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "trainingrun.cli", *args],
+            env=env,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        custom = client.CustomObjectsApi(api_client)
+
+        def keepalive() -> bool:
+            peering = custom.get_namespaced_custom_object(
+                "kopf.dev", "v1", ns, "kopfpeerings", release.fullname
+            )
+            return identity in (peering.get("status") or {})
+
+        wait_for(keepalive, 30, "the operator's keep-alive in its KopfPeering")
+
+        core_v1.create_namespaced_secret(ns, credentials_secret(localenv))
+        runs = Runs(api_client, ns)
+        prefix = f"chart-{uuid.uuid4().hex[:8]}"
+        runs.create(trainingrun("r", localenv, prefix, node=node))
+        runs.wait_status("r", lambda s: s.get("activePod") == "r-1", 30, "attempt 1 started")
+        runs.wait_pod_running("r-1")
+
+        # A notice taint: the operator watches nodes, lists the pods on that node and
+        # annotates them (pods patch).
+        core_v1.patch_node(
+            node,
+            {"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}},
+        )
+        wait_for(
+            lambda: NOTICE_ANNOTATION in (runs.pod("r-1").metadata.annotations or {}),
+            30,
+            "the notice annotation on r-1",
+        )
+        core_v1.patch_node(node, {"spec": {"taints": []}})
+        runs.end_pod("r-1", 1)
+        status = runs.wait_status(
+            "r", lambda s: s.get("activePod") == "r-2", 30, "attempt 2 after the notice"
+        )
+        assert status["preemptions"] == 1
+        assert "Preempted" in [e.reason for e in runs.events("r")]
+        assert proc.poll() is None, "the operator exited"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+    log = log_path.read_text(errors="replace")
+    for sign in ("403", "Forbidden", "forbidden", "Not enough permissions"):
+        assert sign not in log, f"RBAC refused the operator something:\n{log[-3000:]}"
