@@ -58,6 +58,10 @@ def _operator(args: argparse.Namespace) -> int:
     )
     if not args.verbose:  # kopf logs every handler call at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
+    if args.metrics_port:
+        from prometheus_client import REGISTRY, start_http_server
+
+        start_http_server(args.metrics_port, args.metrics_address, registry=REGISTRY)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
@@ -224,6 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     op.add_argument(
         "--liveness", default="", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
     )
+    op.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
+    )
+    op.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")  # noqa: S104
     op.add_argument("-v", "--verbose", action="store_true")
     op.set_defaults(func=_operator)
 
