@@ -9,19 +9,30 @@ or, keeping control of ``trainer.train``::
 
     callback = hf.attach(trainer)
     trainer.train(resume_from_checkpoint=hf.resume_checkpoint())
+    sys.exit(callback.exit_code)
 
 The callback:
 
-- marks each saved ``checkpoint-<step>/`` complete (after the Trainer has written every file), so
-  the sync sidecar uploads it at once instead of waiting for a quiet period;
-- turns SIGTERM, or the sidecar's "save now" request (a preemption notice), into a save at the
-  next step end followed by a clean stop;
+- marks each saved ``checkpoint-<step>/`` complete once the Trainer has written every file of it
+  (``on_save`` runs after ``_save_checkpoint``, which writes ``trainer_state.json`` last), so the
+  sync sidecar uploads it at once instead of waiting for a quiet period;
+- turns SIGTERM, or the sidecar's save-now request (a preemption notice), into a save at the next
+  step end followed by a stop. Its SIGTERM handler is installed at train begin and the previous
+  one put back at train end, so outside ``trainer.train`` SIGTERM ends the process as before;
 - writes progress (step, max steps) for the sidecar to publish.
 
+Exit code: a run stopped early exits ``EXIT_STOPPED`` (143, as if SIGTERM had ended it), never 0.
+The operator counts a trainer exit 0 as success before anything else, so an early stop reported
+as 0 would end a half-trained run as Succeeded; with 143 the attempt is classified by what
+stopped it (the notice, the pod's DisruptionTarget, the node) and resumed.
+
 ``resume_checkpoint()`` is the folder the restore put in place (``TRAININGRUN_RESUME_FROM``), or
-None on a fresh start. Since the restore writes into the output folder, ``trainer.train(
-resume_from_checkpoint=True)`` finds it too. Only training scripts import this module; it needs
-``transformers`` (the ``hf`` extra).
+None on a fresh start. The restore writes into ``TRAININGRUN_CHECKPOINT_DIR``; with that as the
+Trainer's ``output_dir``, ``trainer.train(resume_from_checkpoint=True)`` finds it too, but only on
+a resumed attempt: on the first one the Trainer raises, as there is no checkpoint yet.
+
+Only training scripts import this module (it needs the ``hf`` extra); the operator, the sidecar
+and the restore never do.
 """
 
 from __future__ import annotations
@@ -41,9 +52,8 @@ from trainingrun.manifest import checkpoint_dirname
 
 log = logging.getLogger("trainingrun.hf")
 
-# Exit code of a run stopped early to be preempted: 128 + SIGTERM, as if the signal had ended
-# it, so it is never mistaken for a finished run.
-EXIT_STOPPED = 143
+# 128 + SIGTERM: what a shell reports for a process SIGTERM ended.
+EXIT_STOPPED = 128 + signal.SIGTERM
 
 
 def resume_checkpoint() -> str | None:
@@ -53,49 +63,82 @@ def resume_checkpoint() -> str | None:
         return None
     if not Path(path).is_dir():
         raise FileNotFoundError(
-            f"TRAININGRUN_RESUME_FROM={path} does not exist: the restore init container should "
-            "have put the checkpoint there; check that the trainer mounts the checkpoint volume"
+            f"TRAININGRUN_RESUME_FROM={path} is not a folder: the restore init container puts the "
+            "checkpoint there; check that the trainer container mounts the checkpoint volume at "
+            "spec.checkpoint.localPath"
         )
     return path
 
 
 class TrainingRunCallback(TrainerCallback):
-    """Completion markers, save-and-stop on SIGTERM or notice, progress. See the module doc."""
+    """Completion markers, save-and-stop on SIGTERM or save-now, progress. See the module doc.
+
+    ``checkpoint_dir`` (default ``TRAININGRUN_CHECKPOINT_DIR``, else the Trainer's
+    ``output_dir``) is where the save-now request is read and progress is written.
+    """
 
     def __init__(self, checkpoint_dir: str | Path | None = None) -> None:
         configured = checkpoint_dir or os.environ.get("TRAININGRUN_CHECKPOINT_DIR") or None
         self.checkpoint_dir = Path(configured) if configured else None
-        self.stop_reason: str | None = None  # why training stopped early, if it did
+        self.stop_reason: str | None = None  # why training was asked to stop early, if it was
+        self.finished = False  # reached max_steps
         self._signalled: str | None = None
         self._previous_handler: Any = None
         self._installed = False
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.stop_reason is not None and not self.finished
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code the training process should end with: 0, or ``EXIT_STOPPED``."""
+        return EXIT_STOPPED if self.stopped_early else 0
 
     def _folder(self, args: TrainingArguments) -> Path:
         return self.checkpoint_dir or Path(str(args.output_dir))
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         del signum, frame
-        self._signalled = "SIGTERM"
+        self._signalled = "SIGTERM"  # only a flag: the step end acts on it
+
+    def install_signal_handler(self) -> None:
+        """Catches SIGTERM from now on; a no-op outside the main thread (Python's rule)."""
+        if self._installed or threading.current_thread() is not threading.main_thread():
+            return
+        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._installed = True
+
+    def restore_signal_handler(self) -> None:
+        """Puts back the SIGTERM handler found at train begin."""
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous_handler)
+            self._installed = False
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        if threading.current_thread() is threading.main_thread():
-            self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-            self._installed = True
+        self.install_signal_handler()
+        if state.is_world_process_zero:
+            local.write_progress(
+                self._folder(args), local.Progress(state.global_step, state.max_steps)
+            )
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> TrainerControl:
         folder = self._folder(args)
-        if state.is_world_process_zero:
-            local.write_progress(folder, local.Progress(state.global_step, state.max_steps))
+        # Checked before progress is written: whoever reads step N and then asks for a save
+        # gets checkpoint-(N+1), never N.
         reason = self._signalled or local.save_requested(folder)
         if reason and self.stop_reason is None:
             self.stop_reason = reason
-            log.warning("%s: saving checkpoint-%d now and stopping", reason, state.global_step)
+            log.warning("%s: saving checkpoint-%d and stopping", reason, state.global_step)
+        if self.stop_reason is not None:
             control.should_save = True
             control.should_training_stop = True
+        if state.is_world_process_zero:
+            local.write_progress(folder, local.Progress(state.global_step, state.max_steps))
         return control
 
     def on_save(
@@ -106,30 +149,36 @@ class TrainingRunCallback(TrainerCallback):
         folder = Path(str(args.output_dir)) / checkpoint_dirname(state.global_step)
         if folder.is_dir():
             local.mark_complete(folder)
+        else:
+            log.warning("saved, but %s is not a folder: not marked complete", folder)
 
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._installed = False
+        self.finished = state.max_steps > 0 and state.global_step >= state.max_steps
+        self.restore_signal_handler()
+        if self.stopped_early:
+            log.warning(
+                "stopped early (%s) at step %d after saving; exit %d",
+                self.stop_reason,
+                state.global_step,
+                EXIT_STOPPED,
+            )
 
 
 def attach(trainer: Any, checkpoint_dir: str | Path | None = None) -> TrainingRunCallback:
-    """Adds the callback to ``trainer`` and returns it."""
+    """Adds the callback to ``trainer`` (a ``transformers.Trainer``) and returns it."""
     callback = TrainingRunCallback(checkpoint_dir)
     trainer.add_callback(callback)
     return callback
 
 
-def train(trainer: Any) -> int:
+def train(trainer: Any, checkpoint_dir: str | Path | None = None) -> int:
     """Trains, resuming from the restored checkpoint if any; returns the process exit code:
     0 when training finished, ``EXIT_STOPPED`` when it stopped early to be preempted."""
-    callback = attach(trainer)
-    trainer.train(resume_from_checkpoint=resume_checkpoint())
-    if callback.stop_reason:
-        log.warning(
-            "stopped early (%s) after saving; exiting %d", callback.stop_reason, EXIT_STOPPED
-        )
-        return EXIT_STOPPED
-    return 0
+    callback = attach(trainer, checkpoint_dir)
+    try:
+        trainer.train(resume_from_checkpoint=resume_checkpoint())
+    finally:
+        callback.restore_signal_handler()  # also when training raised
+    return callback.exit_code
