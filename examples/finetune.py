@@ -1,16 +1,19 @@
-"""A runnable fine-tuning script for a TrainingRun: a tiny GPT-2 built from a config (nothing is
-downloaded), trained with the HuggingFace Trainer on a small text corpus made here, on CPU.
+"""A runnable fine-tuning script for a TrainingRun: a tiny GPT-2 built from a config and trained
+with the HuggingFace Trainer on CPU, on a small corpus made here. Nothing is downloaded: the
+tokenizer is the identity on UTF-8 bytes (vocabulary of 256).
 
     python examples/finetune.py --max-steps 60 --save-steps 10
 
 It uses ``trainingrun.hf``: resumes from the checkpoint the restore put in place, saves at the
-next step end on SIGTERM or a preemption notice, and marks each checkpoint complete for the
-sync sidecar. Deterministic: the same arguments give bitwise the same weights whether or not the
-run was interrupted and resumed.
+next step end on SIGTERM or a preemption notice (then exits 143), and marks each checkpoint
+complete for the sync sidecar. Deterministic: the same arguments give bitwise the same weights
+and losses whether or not the run was stopped and resumed.
 
-Output: checkpoints in ``$TRAININGRUN_CHECKPOINT_DIR`` (default ./checkpoints), one JSON line
-per step with its loss in ``--loss-log`` (when given), and the final checkpoint at
-``checkpoint-<max steps>/`` (``model.safetensors``).
+Output, under ``$TRAININGRUN_CHECKPOINT_DIR`` (default ./checkpoints): ``checkpoint-<step>/``
+folders, and once training finished the final weights in ``final/model.safetensors``. With
+``--loss-log FILE`` (``-`` for stdout), one JSON line per optimizer step:
+``{"step": 12, "loss": 5.41...}``.
+Every option also reads a ``FINETUNE_*`` variable (``--step-delay`` <- ``FINETUNE_STEP_DELAY``).
 """
 
 from __future__ import annotations
@@ -37,90 +40,100 @@ from transformers import (
 
 from trainingrun import hf
 
-WORDS = [
-    "the",
-    "model",
-    "keeps",
-    "its",
-    "weights",
-    "safe",
-    "in",
-    "the",
-    "bucket",
-    "while",
-    "spot",
-    "nodes",
-    "come",
-    "and",
-    "go",
-    "and",
-    "every",
-    "checkpoint",
-    "is",
-    "verified",
-    "before",
-    "a",
-    "resume",
-    "so",
-    "no",
-    "step",
-    "is",
-    "lost",
-]
+WORDS = (  # noqa: SIM905 - a sentence reads better than a list of words
+    "the model keeps its weights safe in a bucket while spot nodes come and go every checkpoint"
+    " is verified before a resume so no step is lost when the cluster takes a node back"
+).split()
 
 
-class Corpus(torch.utils.data.Dataset):  # type: ignore[misc]
-    """Byte-level token sequences of pseudo-random sentences, fixed by the seed."""
+def encode(text: str, length: int) -> list[int]:
+    """The tokenizer: UTF-8 bytes, cut or padded with spaces to ``length``."""
+    return list(text.encode()[:length].ljust(length, b" "))
+
+
+class Corpus(torch.utils.data.Dataset[dict[str, torch.Tensor]]):
+    """Pseudo-random sentences as byte tokens, fixed by the seed."""
 
     def __init__(self, size: int, length: int, seed: int) -> None:
         rng = random.Random(seed)  # noqa: S311 - data, not secrets
         self.items = []
         for _ in range(size):
-            text = " ".join(rng.choice(WORDS) for _ in range(length)).encode()[:length]
-            ids = torch.tensor(list(text.ljust(length, b" ")), dtype=torch.long)
+            ids = torch.tensor(encode(" ".join(rng.choices(WORDS, k=length)), length))
             self.items.append({"input_ids": ids, "labels": ids.clone()})
 
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
         return self.items[i]
 
 
-class StepLog(TrainerCallback):  # type: ignore[misc]
-    """One JSON line per optimizer step with its loss; optionally slows steps down (tests use
-    it to give a preemption time to land between saves)."""
+class StepLog(TrainerCallback):
+    """One JSON line per optimizer step with its loss; optionally slows each step down (tests
+    use it to give a preemption time to land between saves)."""
 
     def __init__(self, path: Path | None, delay: float) -> None:
         self.path = path
         self.delay = delay
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-        if self.path and logs and "loss" in logs:
+        if not (self.path and logs and "loss" in logs):
+            return
+        line = json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n"
+        if str(self.path) == "-":
+            sys.stdout.write(line)
+            sys.stdout.flush()
+        else:
             with self.path.open("a") as f:
-                f.write(json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n")
+                f.write(line)
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> None:
         if self.delay:
             time.sleep(self.delay)
 
 
+def env_default(name: str, default: str) -> str:
+    return os.environ.get(f"FINETUNE_{name}", default)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--max-steps", type=int, default=int(env_default("MAX_STEPS", "60")))
+    parser.add_argument("--save-steps", type=int, default=int(env_default("SAVE_STEPS", "10")))
+    parser.add_argument("--batch-size", type=int, default=int(env_default("BATCH_SIZE", "8")))
+    parser.add_argument("--seed", type=int, default=int(env_default("SEED", "42")))
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=float(env_default("STEP_DELAY", "0")),
+        help="seconds to sleep after each step (makes room for a preemption in tests)",
+    )
+    parser.add_argument(
+        "--loss-log",
+        type=Path,
+        default=env_default("LOSS_LOG", "") or None,
+        help="append one JSON line per step here (- for stdout)",
+    )
+    parser.add_argument(
+        "--resume",
+        choices=["trainingrun", "output-dir"],
+        default=env_default("RESUME", "trainingrun"),
+        help="trainingrun: from TRAININGRUN_RESUME_FROM (hf.train); output-dir: the Trainer's "
+        "own resume_from_checkpoint=True, which needs a checkpoint in the output folder",
+    )
+    return parser.parse_args(argv)
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--max-steps", type=int, default=60)
-    parser.add_argument("--save-steps", type=int, default=10)
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=42)
-    parser.add_argument("--step-delay", type=float, default=0.0, help="seconds to sleep per step")
-    parser.add_argument("--loss-log", type=Path, help="append one JSON line per step here")
-    args = parser.parse_args(argv)
+    args = parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
+    output = Path(os.environ.get("TRAININGRUN_CHECKPOINT_DIR") or "checkpoints")
 
-    output = os.environ.get("TRAININGRUN_CHECKPOINT_DIR", "checkpoints")
+    # Bitwise-repeatable CPU training: deterministic kernels, one thread.
     torch.use_deterministic_algorithms(True)
-    torch.set_num_threads(1)  # bitwise-stable CPU kernels
+    torch.set_num_threads(1)
     set_seed(args.seed)
     config = GPT2Config(
         vocab_size=256,
@@ -136,10 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     model = GPT2LMHeadModel(config)
     training = TrainingArguments(
-        output_dir=output,
+        output_dir=str(output),
         max_steps=args.max_steps,
-        save_steps=args.save_steps,
         save_strategy="steps",
+        save_steps=args.save_steps,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,
         logging_steps=1,
@@ -156,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
         train_dataset=Corpus(size=512, length=64, seed=args.seed),
         callbacks=[StepLog(args.loss_log, args.step_delay)],
     )
-    if os.environ.get("RESUME_FROM_OUTPUT_DIR"):  # the Trainer's own resume, as a user may write
+    if args.resume == "output-dir":
         callback = hf.attach(trainer)
         trainer.train(resume_from_checkpoint=True)
-        return hf.EXIT_STOPPED if callback.stop_reason else 0
-    return hf.train(trainer)
+        code = callback.exit_code
+    else:
+        code = hf.train(trainer)
+    if code == 0:
+        trainer.save_model(str(output / "final"))
+    return code
 
 
 if __name__ == "__main__":
