@@ -9,14 +9,18 @@ Passes for one run are serialised by a lock; passes for different runs run in pa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import gc
 import hashlib
 import heapq
 import logging
 import os
+import queue
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -87,29 +91,87 @@ def _rv(obj: Mapping[str, Any]) -> int:
     return int(value) if value.isdigit() else -1
 
 
+def _pick(obj: Mapping[str, Any] | None, keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: obj[k] for k in keys if obj and k in obj}
+
+
+_POD_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",  # 0 in a removed pod's last state (classify reads it)
+)
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a pod a pass reads (classify, resume step, node, attempt label): the spec of
+    its containers is most of a pod's size and no pass looks at it again."""
+    spec = pod.get("spec") or {}
+    return {
+        "metadata": _pick(pod.get("metadata"), _POD_METADATA),
+        "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
+        "status": pod.get("status") or {},
+    }
+
+
+def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What classify() reads of a node: Ready and the taints (a node's images and addresses are
+    most of its size)."""
+    status = node.get("status") or {}
+    return {
+        "metadata": _pick(node.get("metadata"), ("name", "resourceVersion")),
+        "spec": _pick(node.get("spec"), ("taints",)),
+        "status": _pick(status, ("conditions",)),
+    }
+
+
+def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The run without managedFields and kubectl's copy of the last applied spec."""
+    meta = dict(run.get("metadata") or {})
+    meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and "kubectl.kubernetes.io/last-applied-configuration" in annotations:
+        meta["annotations"] = {
+            k: v
+            for k, v in annotations.items()
+            if k != "kubectl.kubernetes.io/last-applied-configuration"
+        }
+    return {**run, "metadata": meta}
+
+
 class Cache:
     """The newest state seen of each object, from watch events and from the answers to the
     operator's own writes (like an informer's store): a pass reads it instead of the API.
-    An older resourceVersion never replaces a newer one."""
+    An older resourceVersion never replaces a newer one. ``slim`` keeps of each object only
+    what passes read."""
 
-    def __init__(self, max_gone: int = 10000) -> None:
+    def __init__(
+        self, slim: Callable[[Mapping[str, Any]], dict[str, Any]], max_gone: int = 10000
+    ) -> None:
+        self._slim = slim
         self._lock = threading.Lock()
         self._live: dict[Any, dict[str, Any]] = {}
         self._gone: OrderedDict[Any, dict[str, Any]] = OrderedDict()
         self._max_gone = max_gone
 
     def put(self, key: Any, obj: Mapping[str, Any]) -> None:
+        slim = self._slim(obj)
         with self._lock:
             old = self._live.get(key)
-            if old is None or _rv(obj) >= _rv(old):
-                self._live[key] = dict(obj)
+            if old is None or _rv(slim) >= _rv(old):
+                self._live[key] = slim
             self._gone.pop(key, None)
 
     def gone(self, key: Any, last: Mapping[str, Any] | None) -> None:
         """The object was deleted; ``last`` is its final state."""
+        slim = self._slim(last) if last else {}
         with self._lock:
             self._live.pop(key, None)
-            self._gone[key] = dict(last or {})
+            self._gone[key] = slim
             while len(self._gone) > self._max_gone:
                 self._gone.popitem(last=False)
 
@@ -137,6 +199,63 @@ class Cache:
             return self._gone.get(key)
 
 
+class EventPoster:
+    """Posts Events from one thread of its own, in the order they were handed over, so a pass
+    never waits for them: the status write, the pod delete and the pod create that follow an
+    ending are what a resubmission waits for. A pass hands an Event over only after the status
+    write it reports landed. When the API server falls far behind, Events beyond ``capacity``
+    are dropped (and counted in the log) rather than held in memory without bound."""
+
+    def __init__(self, kube: Kube, capacity: int = 2000) -> None:
+        self._kube = kube
+        self._queue: queue.Queue[tuple[dict[str, Any], str, str, str] | None] = queue.Queue(
+            capacity
+        )
+        self._dropped = 0
+        self._thread = threading.Thread(target=self._loop, name="trainingrun-events", daemon=True)
+        self._thread.start()
+
+    def post(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
+        meta = run["metadata"]
+        target = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid")}}
+        try:
+            self._queue.put_nowait((target, type_, reason, message))
+        except queue.Full:
+            self._dropped += 1
+            if self._dropped % 100 == 1:
+                log.warning(
+                    "%d Events dropped so far: the API server is not keeping up", self._dropped
+                )
+
+    def flush(self, timeout: float) -> bool:
+        """Waits (at most ``timeout`` seconds) until every Event handed over was posted."""
+        deadline = time.monotonic() + timeout
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return not self._queue.unfinished_tasks
+
+    def stop(self) -> None:
+        with contextlib.suppress(queue.Full):  # a daemon thread: it dies with the process
+            self._queue.put(None, timeout=1.0)
+
+    def _loop(self) -> None:
+        while (item := self._queue.get()) is not None:
+            run, type_, reason, message = item
+            try:
+                self._kube.event(run, type_, reason, message)
+            except Exception as e:  # Events are best effort; the status is the record
+                log.warning(
+                    "%s/%s: Event %s not posted: %s",
+                    run["metadata"]["namespace"],
+                    run["metadata"]["name"],
+                    reason,
+                    e,
+                )
+            finally:
+                self._queue.task_done()
+        self._queue.task_done()
+
+
 @dataclass
 class _RunMemory:
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -152,10 +271,12 @@ class Reconciler:
         self._memory: dict[tuple[str, str], _RunMemory] = {}
         self._memory_lock = threading.Lock()
         self._stores: dict[tuple[str | None, str | None, str, str], Store] = {}
-        self.runs = Cache()
+        self._stores_lock = threading.Lock()
+        self.runs = Cache(slim_run)
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, str] | None]] = {}
-        self.pods = Cache()
-        self.nodes = Cache()
+        self.pods = Cache(slim_pod)
+        self.nodes = Cache(slim_node)
+        self.events = EventPoster(kube)
 
     def memory(self, namespace: str, name: str) -> _RunMemory:
         with self._memory_lock:
@@ -233,8 +354,14 @@ class Reconciler:
         key = (storage.endpoint, storage.region, fingerprint, loc.bucket)
         store = self._stores.get(key)
         if store is None:
-            store = Store(make_client(storage.endpoint, storage.region, creds), loc.bucket)
-            self._stores[key] = store
+            # One at a time: botocore loads and parses the S3 service model for the first client
+            # (~15 MB), and workers that all start at once would each load their own copy
+            # (~90 MB more peak RSS with 8 workers).
+            with self._stores_lock:
+                store = self._stores.get(key)
+                if store is None:
+                    store = Store(make_client(storage.endpoint, storage.region, creds), loc.bucket)
+                    self._stores[key] = store
         return store, loc
 
     def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
@@ -367,7 +494,7 @@ class Reconciler:
         p = plan(obs)
         self._write_status(namespace, name, raw_status, p.status)
         for ev in p.events:
-            self.kube.event(run, ev.type, ev.reason, ev.message)
+            self.events.post(run, ev.type, ev.reason, ev.message)
         if p.delete_pod and self.pods.get((namespace, p.delete_pod))[0] is not None:
             self.kube.delete_pod(
                 namespace,
@@ -379,7 +506,7 @@ class Reconciler:
         if p.create_attempt != p.status.attempt:
             raise AssertionError("plan asked for a pod of another attempt than the status records")
         # The status write above landed: only now may the pod of the new attempt exist.
-        return self._start_attempt(run, ref, obs, p.status, manifest if manifest_read else None)
+        return self._start_attempt(run, ref, obs, p.status, manifest, manifest_read)
 
     def _ended(
         self,
@@ -400,17 +527,19 @@ class Reconciler:
         obs: Observed,
         status: TrainingRunStatus,
         manifest: RunManifest | None,
+        manifest_read: bool,
     ) -> float | None:
         """Creates the pod of ``status.attempt`` from the newest usable checkpoint; ``manifest``
-        is the run manifest this pass already read, if it read one."""
+        is the run manifest this pass already read (None: there is none yet), when
+        ``manifest_read``."""
         namespace, name = ref.namespace, ref.name
         try:
             store, _ = self.store_for(namespace, ref.spec)
             loc, bad = parse_uri(run_prefix(ref)), set(status.bad_checkpoints)
-            if manifest is None:
-                choice = choose_checkpoint(store, loc, bad)
-            else:
+            if manifest_read:
                 choice = choose_checkpoint(store, loc, bad, manifest)
+            else:
+                choice = choose_checkpoint(store, loc, bad)
         except MissingSecret as e:
             return self._fail_invalid(
                 run, status, obs.generation, str(e), obs.now, reason="MissingSecret"
@@ -419,10 +548,10 @@ class Reconciler:
             # Without the manifest the newest checkpoint is unknown; starting fresh would lose
             # work, so wait for the bucket instead.
             log.warning("%s/%s: cannot choose a checkpoint, retrying: %s", namespace, name, e)
-            self.kube.event(run, "Warning", "StorageUnavailable", f"cannot read checkpoints: {e}")
+            self.events.post(run, "Warning", "StorageUnavailable", f"cannot read checkpoints: {e}")
             return self.settings.resync_seconds
         for step, why in choice.rejected:
-            self.kube.event(
+            self.events.post(
                 run, "Warning", "CheckpointSkipped", f"checkpoint {step} not used: {why}"
             )
         resume = resume_of(ref, choice.entry.step) if choice.entry else None
@@ -435,13 +564,13 @@ class Reconciler:
             log.warning(
                 "%s/%s: pod %s not created: %s", namespace, name, pod_name(name, status.attempt), e
             )
-            self.kube.event(run, "Warning", "PodForbidden", str(e))
+            self.events.post(run, "Warning", "PodForbidden", str(e))
             return self.settings.resync_seconds
         except Invalid as e:
             return self._fail_invalid(run, status, obs.generation, f"pod rejected: {e}", obs.now)
         new, ev = started(status, obs, created)
         self._write_status(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
-        self.kube.event(run, ev.type, ev.reason, ev.message)
+        self.events.post(run, ev.type, ev.reason, ev.message)
         return None
 
     def _fail_invalid(
@@ -459,7 +588,7 @@ class Reconciler:
             new = new.model_copy(update={"reason": reason})
         meta = run["metadata"]
         self._write_status(meta["namespace"], meta["name"], run.get("status") or {}, new)
-        self.kube.event(run, "Warning", reason, message)
+        self.events.post(run, "Warning", reason, message)
         return None
 
     def _write_status(
@@ -476,13 +605,21 @@ class Reconciler:
 
     # -- nodes --------------------------------------------------------------------------------
 
+    @staticmethod
+    def node_matters(node: Mapping[str, Any] | None) -> bool:
+        """The node is gone, NotReady or carries a notice taint."""
+        return (
+            node is None
+            or node_not_ready(node)
+            or node_notice(node, api.DEFAULT_NOTICE_TAINTS + _extra_notice_taints()) is not None
+        )
+
     def node_changed(self, node: Mapping[str, Any] | None, name: str) -> list[tuple[str, str]]:
         """Runs with a pod on this node that need a pass: the node is gone, NotReady or noticed.
         Pods on a node with a notice taint get the notice annotation (the sidecar's cue)."""
-        gone = node is None
-        notice = node_notice(node, api.DEFAULT_NOTICE_TAINTS + _extra_notice_taints())
-        if not (gone or node_not_ready(node) or notice):
+        if not self.node_matters(node):
             return []
+        notice = node_notice(node, api.DEFAULT_NOTICE_TAINTS + _extra_notice_taints())
         runs = []
         for pod in self.kube.run_pods_on_node(name, LABEL_RUN):
             meta = pod["metadata"]
@@ -588,15 +725,43 @@ def _enqueue(namespace: str, name: str) -> None:
     _scheduler.later(0.0, (namespace, name))
 
 
+class _NoDiffBase(kopf.DiffBaseStorage):
+    """kopf keeps a deep copy of every object's "essence" to find what changed for on.create,
+    on.update and on.field handlers, and builds one for every watch event even without such
+    handlers. The operator has only on.event handlers: the copy is CPU spent for nothing."""
+
+    def build(self, *, body: kopf.Body, extra_fields: Any = None) -> kopf.BodyEssence:
+        return kopf.BodyEssence()
+
+    def fetch(self, *, body: kopf.Body) -> kopf.BodyEssence | None:
+        return None
+
+    def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
+        return None
+
+
 @kopf.on.startup()
 def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
     global _reconciler  # noqa: PLW0603 - one reconciler per operator process
     settings.posting.enabled = False  # Events are posted by Kube.event, after the status write
+    settings.persistence.diffbase_storage = _NoDiffBase()
     settings.watching.server_timeout = 300
     settings.watching.client_timeout = 330
-    settings.execution.max_workers = 4  # handlers only update caches and enqueue
+    settings.execution.max_workers = 2  # only node changes call the API from a handler
+    # kopf keeps a task per object for this long after its last event, and that task holds the
+    # event (a parsed pod is ~30 KB): after a burst over 1000 objects, tens of MB for nothing.
+    settings.queueing.idle_timeout = 0.5
     op_settings = OperatorSettings.from_env()
     _reconciler = Reconciler(Kube(load_config()), op_settings)
+    # kopf wraps each event's object in views that refer to each other: a reference cycle per
+    # event that keeps the parsed object (~30 KB for a pod) until the cycle collector frees it.
+    # In a burst they outlive the young generations, and CPython collects the oldest only once
+    # it grew by a quarter, counting the ~200k objects of the imported modules: a burst over
+    # 1000 objects then held ~100 MB. Frozen, the modules no longer count (the collection after
+    # the freeze resets the count), and full collections follow the operator's own garbage.
+    gc.collect()
+    gc.freeze()
+    gc.collect()
     global _scheduler  # noqa: PLW0603
     _scheduler = Scheduler(
         _pass, op_settings.resync_seconds, workers=int(os.environ.get("TRAININGRUN_WORKERS", "8"))
@@ -608,10 +773,17 @@ def _startup(settings: kopf.OperatorSettings, **_: Any) -> None:
 def _cleanup(**_: Any) -> None:
     if _scheduler is not None:
         _scheduler.stop()
+    if _reconciler is not None:
+        _reconciler.events.flush(timeout=5.0)
+        _reconciler.events.stop()
+
+
+# The handlers are coroutines: they only update a cache and hand a pass to the scheduler, which
+# takes microseconds, so they run on kopf's event loop instead of a hop through its thread pool.
 
 
 @kopf.on.event(api.GROUP, api.VERSION, api.PLURAL)
-def _on_run(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
+async def _on_run(type: str, body: kopf.Body, namespace: str | None, name: str, **_: Any) -> None:
     if not namespace:
         return
     if type == "DELETED":
@@ -624,7 +796,7 @@ def _on_run(type: str, body: kopf.Body, namespace: str | None, name: str, **_: A
 
 
 @kopf.on.event("", "v1", "pods", labels={LABEL_RUN: kopf.PRESENT})
-def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -> None:
+async def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -> None:
     run = body["metadata"]["labels"][LABEL_RUN]
     if not namespace:
         return
@@ -639,11 +811,14 @@ def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -> None
 
 
 @kopf.on.event("", "v1", "nodes")
-def _on_node(type: str, body: kopf.Body, name: str, **_: Any) -> None:
+async def _on_node(type: str, body: kopf.Body, name: str, **_: Any) -> None:
     node = None if type == "DELETED" else body
     if node is None:
         reconciler().nodes.gone(name, body)
     else:
         reconciler().nodes.put(name, node)
-    for namespace, run in reconciler().node_changed(node, name):
+    if not reconciler().node_matters(node):
+        return
+    # Lists and annotates pods through the API: off the event loop.
+    for namespace, run in await asyncio.to_thread(reconciler().node_changed, node, name):
         _enqueue(namespace, run)

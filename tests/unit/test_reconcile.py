@@ -8,8 +8,9 @@ Covers:
   write was lost is adopted;
 - a failed pod moves to attempt N+1 with ``nextAttemptTime`` in the future and a requeue, and
   the pod of N+1 is asked for only once that time has passed;
-- a preempted pod moves to attempt N+1 at once, spends a preemption and no restart; one still
-  running (node NotReady) is deleted, an ended one is not;
+- a preempted pod moves to attempt N+1 and asks for its pod in the same plan, spends a
+  preemption and no restart; one still running (node NotReady) is deleted, an ended one is not;
+  a failure without backoff asks for the next pod in the same plan too;
 - a pod missing while ``activePod`` names it is a preemption; one not created yet is not;
 - success, an exhausted restart budget and a permanent error finish the run with the matching
   conditions, phase and Event; finished runs are left alone;
@@ -217,6 +218,23 @@ def test_failed_attempt_backs_off_then_asks_for_the_next() -> None:
     assert d.status.phase == PHASE_RUNNING
 
 
+def test_failed_attempt_without_backoff_asks_for_the_next_pod_in_the_same_plan() -> None:
+    run = make_run("r1").with_restart_policy(backoff={"initial_seconds": 0, "max_seconds": 0})
+    d, pod = _launched(run)
+
+    failed = d.pass_(pod_from(pod).trainer_exited(1).build())
+
+    assert (failed.status.attempt, failed.status.restarts) == (2, 1)
+    assert failed.status.next_attempt_time is None
+    assert failed.status.active_pod is None  # recorded by started() once the pod exists
+    assert (failed.create_attempt, failed.requeue_after, failed.delete_pod) == (2, None, None)
+    assert [(e.type, e.reason) for e in failed.events] == [("Warning", "Failed")]
+
+    second = d.start()
+    assert second["metadata"]["name"] == "r1-2"
+    assert (d.status.active_pod, d.status.phase) == ("r1-2", PHASE_RUNNING)
+
+
 def test_restart_budget_exhausted_fails_the_run() -> None:
     d, pod = _launched(make_run("r1").with_restart_policy(max_restarts=0))
 
@@ -253,8 +271,10 @@ def test_preempted_attempt_is_replaced_at_once_without_spending_restarts() -> No
     assert p.status.attempt == 2
     assert (p.status.restarts, p.status.preemptions) == (2, 1)
     assert p.status.next_attempt_time is None
-    assert p.requeue_after == 0
-    assert p.create_attempt is None  # the next pass asks, after this status is written
+    # The pod of attempt 2 is asked for in the same plan (the controller writes the status
+    # first); a pass that sees attempt 2 recorded and no pod asks again.
+    assert p.create_attempt == 2
+    assert p.requeue_after is None
     assert [(e.type, e.reason) for e in p.events] == [("Normal", "Preempted")]
 
     assert d.pass_(None).create_attempt == 2
@@ -366,7 +386,7 @@ def test_bad_checkpoint_is_recorded_and_the_next_attempt_starts_at_once() -> Non
     assert p.status.attempt == 2
     assert (p.status.restarts, p.status.preemptions) == (0, 0)
     assert p.status.next_attempt_time is None
-    assert p.requeue_after == 0
+    assert (p.create_attempt, p.requeue_after) == (2, None)
     assert d.pass_(None).create_attempt == 2
 
 

@@ -10,6 +10,11 @@ second pod for one attempt nor skips an attempt number:
    the next pass decides the same again.
 2. ``plan()`` sees attempt N+1 due and asks for its pod ``<run>-<N+1>``; a second create answers
    409, which means done. ``started()`` records the pod as active.
+
+When attempt N+1 is due at once (a preemption, a bad checkpoint, a failure without backoff),
+the plan of step 1 also asks for its pod: the controller creates it in the same pass once the
+status write of step 1 landed, so a resubmission costs one pass and one read of the bucket
+manifest. An operator killed between the two finds attempt N+1 recorded with no pod: step 2.
 """
 
 from __future__ import annotations
@@ -253,12 +258,10 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
     )
     event_type = "Normal" if d.reason == "Preempted" else "Warning"
     events = [Event(event_type, d.reason, attempt_msg)]
-    return Plan(
-        new,
-        delete_pod=delete,
-        events=events,
-        requeue_after=float(d.delay_seconds) if d.delay_seconds else 0.0,
-    )
+    if d.delay_seconds:
+        return Plan(new, delete_pod=delete, events=events, requeue_after=float(d.delay_seconds))
+    # Due now: the pod of the next attempt is asked for in this very plan (after its status).
+    return Plan(new, create_attempt=new.attempt, delete_pod=delete, events=events)
 
 
 def started(
