@@ -249,8 +249,8 @@ def test_attach_adds_one_callback(args: TrainingArguments) -> None:
     assert isinstance(callback, hf.TrainingRunCallback)
 
 
-def test_sigterm_before_and_after_training_ends_the_process(tmp_path: Path) -> None:
-    """Outside trainer.train, SIGTERM keeps its default effect: the process dies of it."""
+def test_sigterm_after_training_ends_the_process_again(tmp_path: Path) -> None:
+    """Once training ended, SIGTERM has its default effect again: the process dies of it."""
     script = textwrap.dedent(
         f"""
         import os, signal, sys
