@@ -804,6 +804,8 @@ async def _on_pod(type: str, body: kopf.Body, namespace: str | None, **_: Any) -
     if type == "DELETED":
         reconciler().pods.gone(key, body)
     else:
+        if reconciler().pods.seen(key, body):
+            return  # the echo of the operator's own create: the pass that made it saw it
         reconciler().pods.put(key, body)
     if reconciler().is_old_attempt(namespace, run, body):
         return  # the run has moved on to a newer attempt
