@@ -164,7 +164,10 @@ def test_init_then_sidecar_then_main_with_kubelet_statuses(
     )
     main = sh(
         "main",
-        f"cat {SCRATCH}/init.txt {SCRATCH}/sidecar.txt > /dev/termination-log;"
+        # A sidecar without a startup probe counts as started once its process runs, as with
+        # the kubelet: wait (bounded) for its first write before reading it.
+        f"for i in $(seq 100); do [ -e {SCRATCH}/sidecar.txt ] && break; sleep 0.1; done;"
+        f" cat {SCRATCH}/init.txt {SCRATCH}/sidecar.txt > /dev/termination-log;"
         f" while [ ! -e {SCRATCH}/go ]; do sleep 0.1; done; echo finished > {SCRATCH}/main.txt",
         volumeMounts=data_mount(),
     )

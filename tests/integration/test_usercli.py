@@ -32,15 +32,18 @@ def cli(localenv: LocalEnv, *args: str, plugin: bool = False) -> subprocess.Comp
 def test_checkpoints_list_and_status_of_a_live_run(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
 ) -> None:
-    runs.create(trainingrun("cli", localenv, prefix, node=kwok_node()))
-    runs.wait_status("cli", lambda s: s.get("activePod") == "cli-1", 30, "attempt 1 started")
     key = f"{prefix}/{runs.namespace}/cli"
     commit_checkpoint(s3, localenv.bucket, key, 10, {"model.safetensors": b"w" * 3000})
     commit_checkpoint(s3, localenv.bucket, key, 20, {"model.safetensors": b"v" * 5000, "x": b"1"})
-    # Any event makes a pass; the test operator re-reads the manifest at most every second.
-    localenv.kubectl("annotate", "-n", runs.namespace, "trainingrun/cli", "poke=1")
+    # Committed before the run exists: its first attempt resumes from step 20.
+    runs.create(trainingrun("cli", localenv, prefix, node=kwok_node()))
     runs.wait_status(
-        "cli", lambda s: (s.get("latestCheckpoint") or {}).get("step") == 20, 30, "step 20 seen"
+        "cli",
+        lambda s: (
+            s.get("activePod") == "cli-1" and (s.get("latestCheckpoint") or {}).get("step") == 20
+        ),
+        60,
+        "attempt 1 started from step 20",
     )
     s3.delete_object(Bucket=localenv.bucket, Key=f"{key}/checkpoints/checkpoint-20/x")
 
