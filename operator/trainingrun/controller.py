@@ -46,7 +46,7 @@ from trainingrun.decide.reconcile import Observed, invalid_spec, is_finished, pl
 from trainingrun.kube import Forbidden, Invalid, Kube, load_config
 from trainingrun.manifest import ManifestError, RunManifest
 from trainingrun.storage import (
-    Credentials,
+    CredentialsSecretError,
     Location,
     StorageError,
     Store,
@@ -54,6 +54,7 @@ from trainingrun.storage import (
     make_client,
     parse_uri,
     read_run_manifest,
+    secret_credentials,
 )
 
 log = logging.getLogger("trainingrun.operator")
@@ -333,18 +334,10 @@ class Reconciler:
         creds = None
         if storage.credentials_secret:
             data = self._secret(namespace, storage.credentials_secret)
-            if data is None:
-                raise MissingSecret(
-                    f"Secret {namespace}/{storage.credentials_secret} named by "
-                    "spec.checkpoint.storage.credentialsSecret does not exist: create it with keys "
-                    "AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY"
-                )
             try:
-                creds = Credentials(data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
-            except KeyError as e:
-                raise MissingSecret(
-                    f"Secret {namespace}/{storage.credentials_secret} has no key {e.args[0]}"
-                ) from e
+                creds = secret_credentials(namespace, storage.credentials_secret, data)
+            except CredentialsSecretError as e:
+                raise MissingSecret(str(e)) from e
         loc = parse_uri(storage.uri)
         fingerprint = (
             hashlib.sha256(f"{creds.access_key}:{creds.secret_key}".encode()).hexdigest()

@@ -12,7 +12,7 @@ decides in one place what 404, 412, 429 and 5xx mean.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,6 +20,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
+from trainingrun.decide.pod import CREDENTIAL_KEYS
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
@@ -88,6 +89,23 @@ class Credentials:
 
     def __repr__(self) -> str:  # never print the secret
         return "Credentials(access_key=***, secret_key=***)"
+
+
+class CredentialsSecretError(StorageError):
+    """The run's credentials Secret is missing or lacks a key."""
+
+
+def secret_credentials(namespace: str, name: str, data: Mapping[str, str] | None) -> Credentials:
+    """Credentials from the decoded data of the Secret named by credentialsSecret."""
+    if data is None:
+        raise CredentialsSecretError(
+            f"Secret {namespace}/{name} named by spec.checkpoint.storage.credentialsSecret does "
+            f"not exist: create it with keys {' and '.join(CREDENTIAL_KEYS)}"
+        )
+    try:
+        return Credentials(data[CREDENTIAL_KEYS[0]], data[CREDENTIAL_KEYS[1]])
+    except KeyError as e:
+        raise CredentialsSecretError(f"Secret {namespace}/{name} has no key {e.args[0]}") from None
 
 
 def make_client(

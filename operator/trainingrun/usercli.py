@@ -23,13 +23,13 @@ from trainingrun.manifest import (
     parse_checkpoint_manifest,
 )
 from trainingrun.storage import (
-    Credentials,
     Location,
     StorageError,
     Store,
     make_client,
     parse_uri,
     read_run_manifest,
+    secret_credentials,
 )
 from trainingrun.transfer import format_bytes
 
@@ -63,17 +63,7 @@ def run_store(kube: Kube, run: dict[str, Any]) -> tuple[Store, Location]:
     creds = None
     if storage.credentials_secret:
         data = kube.get_secret_data(meta["namespace"], storage.credentials_secret)
-        if data is None:
-            raise UserError(
-                f"Secret {meta['namespace']}/{storage.credentials_secret} (the run's "
-                "credentialsSecret) does not exist"
-            )
-        try:
-            creds = Credentials(data["AWS_ACCESS_KEY_ID"], data["AWS_SECRET_ACCESS_KEY"])
-        except KeyError as e:
-            raise UserError(
-                f"Secret {meta['namespace']}/{storage.credentials_secret} has no key {e}"
-            ) from None
+        creds = secret_credentials(meta["namespace"], storage.credentials_secret, data)
     base = parse_uri(storage.uri)
     location = Location(base.bucket, base.key(meta["namespace"], meta["name"]))
     client = make_client(storage.endpoint, storage.region, creds)
