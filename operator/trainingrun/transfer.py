@@ -184,10 +184,10 @@ class Transfer:
     ) -> dict[str, str]:
         """Uploads (local path, key) pairs; returns key -> encoded full-object checksum."""
         futures: list[tuple[str, Future[str]]] = []
-        small = [
-            (p, k) for p, k in files if os.path.getsize(p) <= self.settings.multipart_threshold
-        ]
-        large = [(p, k) for p, k in files if (p, k) not in small]
+        small, large = [], []
+        for path, key in files:
+            big = os.path.getsize(path) > self.settings.multipart_threshold
+            (large if big else small).append((path, key))
         for path, key in large:  # the big ones first: their parts keep every worker busy
             futures.append((key, self._pool.submit(self._upload_large, path, key, algo, progress)))
         for path, key in small:
