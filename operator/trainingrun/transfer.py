@@ -184,7 +184,8 @@ class Transfer:
     ) -> dict[str, str]:
         """Uploads (local path, key) pairs; returns key -> encoded full-object checksum."""
         futures: list[tuple[str, Future[str]]] = []
-        small, large = [], []
+        small: list[tuple[str, str]] = []
+        large: list[tuple[str, str]] = []
         for path, key in files:
             big = os.path.getsize(path) > self.settings.multipart_threshold
             (large if big else small).append((path, key))
