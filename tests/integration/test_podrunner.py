@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
 
 from tests import localenv as localenv_mod
 from tests.integration.support import wait_for
@@ -513,11 +514,23 @@ def controller_node_timing(env: LocalEnv) -> tuple[float, float]:
     return grace, period
 
 
+def _lease_or_none(coordination: Any, node: str) -> Any:
+    try:
+        return coordination.read_namespaced_lease(node, "kube-node-lease")
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return None
+
+
 def test_stopped_heartbeats_make_the_node_not_ready(localenv: LocalEnv, core_v1: Any) -> None:
     grace, period = controller_node_timing(localenv)
     coordination = client.CoordinationV1Api(core_v1.api_client)
     with start_runner(localenv) as handle:
-        lease = coordination.read_namespaced_lease(handle.node, "kube-node-lease")
+        # The node turns Ready before its first Lease renewal may have landed.
+        lease = wait_for(
+            lambda: _lease_or_none(coordination, handle.node), 30, "the node's first Lease"
+        )
         assert lease.spec.holder_identity == handle.node
         handle.make_not_ready()
         stopped = time.monotonic()
