@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import statistics
 import sys
 import threading
@@ -28,6 +27,7 @@ from pathlib import Path
 from kubernetes import client, config, watch
 
 from tests import localenv
+from tests.benchutil import cpu_seconds, write_section
 from tests.integration.support import OperatorProcess, credentials_secret, trainingrun
 from trainingrun import api
 
@@ -40,26 +40,6 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     return float("nan")
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of the process so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[11]) + int(fields[12])) / ticks
-
-
-def write_section(path: Path, text: str) -> None:
-    """Puts ``text`` in place of the operator section of the markdown file (from its heading to
-    the next ``## `` heading), or at the end when the file has none."""
-    doc = path.read_text() if path.exists() else ""
-    start = doc.find(SECTION)
-    if start < 0:
-        path.write_text(doc.rstrip("\n") + "\n\n" + text)
-        return
-    end = doc.find("\n## ", start + len(SECTION))
-    rest = "" if end < 0 else "\n" + doc[end + 1 :]
-    path.write_text(doc[:start] + text + rest)
 
 
 def percentile(values: list[float], q: float) -> float:

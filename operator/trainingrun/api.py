@@ -195,13 +195,6 @@ class Condition(_Model):
     last_transition_time: str
 
 
-class Progress(_Model):
-    """Training progress reported by the trainer integration."""
-
-    step: int = Field(ge=0)
-    max_steps: int | None = Field(default=None, ge=0)
-
-
 class TrainingRunStatus(_Model):
     """Observed state of a TrainingRun, written by the operator."""
 
@@ -229,5 +222,4 @@ class TrainingRunStatus(_Model):
     )
     reason: str | None = None
     message: str | None = None
-    progress: Progress | None = None
     conditions: list[Condition] = Field(default_factory=list)

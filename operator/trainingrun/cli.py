@@ -203,7 +203,13 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
 def _user(command: str, args: argparse.Namespace) -> int:
     from trainingrun import usercli
 
-    return usercli.run_user_command(command, args)
+    try:
+        return usercli.run_user_command(command, args)
+    except BrokenPipeError:
+        # The reader went away (`trainingrun status ... | head`): nothing more to say. Point
+        # stdout at /dev/null so the interpreter's final flush does not fail again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
 
 
 def _crd(_: argparse.Namespace) -> int:

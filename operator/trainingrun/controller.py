@@ -38,6 +38,7 @@ from trainingrun.decide.pod import (
     AgentSettings,
     RunRef,
     build_pod,
+    owned_by,
     pod_name,
     resume_of,
     run_prefix,
@@ -45,6 +46,7 @@ from trainingrun.decide.pod import (
 from trainingrun.decide.reconcile import Observed, invalid_spec, is_finished, plan, started
 from trainingrun.kube import Forbidden, Invalid, Kube, load_config
 from trainingrun.manifest import ManifestError, RunManifest
+from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.storage import (
     CredentialsSecretError,
     Location,
@@ -96,6 +98,11 @@ def _pick(obj: Mapping[str, Any] | None, keys: tuple[str, ...]) -> dict[str, Any
     return {k: obj[k] for k in keys if obj and k in obj}
 
 
+# How soon the create of an attempt's pod is tried again while its name is taken, and how often
+# the PodNameTaken Event is repeated meanwhile.
+NAME_TAKEN_RETRY_SECONDS = 5.0
+NAME_TAKEN_REPEAT_SECONDS = 60.0
+
 _POD_METADATA = (
     "name",
     "namespace",
@@ -105,6 +112,7 @@ _POD_METADATA = (
     "annotations",
     "deletionTimestamp",
     "deletionGracePeriodSeconds",  # 0 in a removed pod's last state (classify reads it)
+    "ownerReferences",  # whose pod it is: a pod of the same name may be another run's
 )
 
 
@@ -195,6 +203,10 @@ class Cache:
         with self._lock:
             return list(self._live)
 
+    def values(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._live.values())
+
     def last(self, key: Any) -> dict[str, Any] | None:
         with self._lock:
             return self._gone.get(key)
@@ -207,8 +219,11 @@ class EventPoster:
     write it reports landed. When the API server falls far behind, Events beyond ``capacity``
     are dropped (and counted in the log) rather than held in memory without bound."""
 
-    def __init__(self, kube: Kube, capacity: int = 2000) -> None:
+    def __init__(
+        self, kube: Kube, metrics: OperatorMetrics | None = None, capacity: int = 2000
+    ) -> None:
         self._kube = kube
+        self._metrics = metrics
         self._queue: queue.Queue[tuple[dict[str, Any], str, str, str] | None] = queue.Queue(
             capacity
         )
@@ -219,10 +234,14 @@ class EventPoster:
     def post(self, run: Mapping[str, Any], type_: str, reason: str, message: str) -> None:
         meta = run["metadata"]
         target = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid")}}
+        if self._metrics:
+            self._metrics.transitions.labels(reason=reason).inc()
         try:
             self._queue.put_nowait((target, type_, reason, message))
         except queue.Full:
             self._dropped += 1
+            if self._metrics:
+                self._metrics.events_dropped.inc()
             if self._dropped % 100 == 1:
                 log.warning(
                     "%d Events dropped so far: the API server is not keeping up", self._dropped
@@ -277,7 +296,14 @@ class Reconciler:
         self._secrets: dict[tuple[str, str], tuple[float, dict[str, str] | None]] = {}
         self.pods = Cache(slim_pod)
         self.nodes = Cache(slim_node)
-        self.events = EventPoster(kube)
+        # Notice taint keys runs name beyond the operator-wide ones: a node that gets one needs
+        # the passes of the runs with a pod on it (each annotates its own pod).
+        self._run_notice_taints: dict[tuple[str, str], frozenset[str]] = {}
+        self._notice_lock = threading.Lock()
+        self._name_taken_said: dict[tuple[str, str, str], float] = {}
+        self.metrics = OperatorMetrics()
+        self.metrics.count_runs_with(self._phases)
+        self.events = EventPoster(kube, self.metrics)
 
     def memory(self, namespace: str, name: str) -> _RunMemory:
         with self._memory_lock:
@@ -287,6 +313,12 @@ class Reconciler:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
         self.runs.gone((namespace, name), None)
+
+    def _phases(self) -> list[str]:
+        """The phase of every run in the cache (scraped by the runs-by-phase gauge)."""
+        return [
+            str((run.get("status") or {}).get("phase") or "Pending") for run in self.runs.values()
+        ]
 
     def is_old_attempt(self, namespace: str, run: str, pod: Mapping[str, Any]) -> bool:
         """A pod of an attempt before the run's current one (by the cached status)."""
@@ -397,7 +429,8 @@ class Reconciler:
             mem.running = True
         try:
             while True:
-                again = self._reconcile(namespace, name, mem)
+                with self.metrics.pass_seconds.time():
+                    again = self._reconcile(namespace, name, mem)
                 with mem.lock:
                     if not mem.dirty:
                         mem.running = False
@@ -409,10 +442,16 @@ class Reconciler:
             raise
 
     def _observe_attempt(
-        self, namespace: str, name: str, status: TrainingRunStatus, spec: TrainingRunSpec
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        status: TrainingRunStatus,
+        spec: TrainingRunSpec,
     ) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
         """(pod of the current attempt, its node, node deleted). A deleted pod is given by its
-        last state when that state says how it ended, else as None."""
+        last state when that state says how it ended, else as None; a pod of that name that is
+        not this run's (a deleted run's of the same name, going away) as None."""
         current = pod_name(name, status.attempt)
         if not status.attempt or (
             status.active_pod != current and not self.pods.get((namespace, current))[1]
@@ -422,6 +461,8 @@ class Reconciler:
         pod = self._get_pod(namespace, current)
         if pod is not None and not pod.get("metadata"):
             pod = None  # deleted, last state unknown
+        if pod is not None and not owned_by(pod, uid):
+            pod = None
         if pod is not None and self.pods.last((namespace, current)) is pod:
             pod = pod if self._ended(pod, spec) else None
         node_name = ((pod or {}).get("spec") or {}).get("nodeName")
@@ -433,14 +474,17 @@ class Reconciler:
     def _reconcile(self, namespace: str, name: str, mem: _RunMemory) -> float | None:
         run = self._get_run(namespace, name)
         if run is None:
+            self._remember_notice_taints((namespace, name), None)
             return None
         meta = run["metadata"]
         if meta.get("deletionTimestamp"):
+            self._remember_notice_taints((namespace, name), None)
             return None  # being deleted: its pods go with it (owner references)
         generation = int(meta.get("generation") or 0)
         raw_status = run.get("status") or {}
         status = TrainingRunStatus.model_validate(raw_status)
         if is_finished(status):
+            self._remember_notice_taints((namespace, name), None)
             return None
         now = datetime.now(UTC)
         try:
@@ -450,8 +494,10 @@ class Reconciler:
             where = "spec." + ".".join(str(p) for p in err["loc"])
             return self._fail_invalid(run, status, generation, f"{where}: {err['msg']}", now)
         ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
+        self._remember_notice_taints((namespace, name), spec)
 
-        pod, node, node_deleted = self._observe_attempt(namespace, name, status, spec)
+        pod, node, node_deleted = self._observe_attempt(namespace, name, meta["uid"], status, spec)
+        self._pass_notice_on(pod, node, spec)
 
         latest, manifest, manifest_read = None, None, False
         ended = (pod is None and status.active_pod) or (
@@ -467,9 +513,13 @@ class Reconciler:
                 latest = self._latest(ref, manifest)
                 mem.checkpoint_read_at = time.monotonic()
             except MissingSecret as e:
-                return self._fail_invalid(
-                    run, status, generation, str(e), now, reason="MissingSecret"
-                )
+                if status.attempt == 0:
+                    return self._fail_invalid(
+                        run, status, generation, str(e), now, reason="MissingSecret"
+                    )
+                # A running attempt keeps the credentials it started with: it is supervised to
+                # its end, which may be a success; the next attempt's pod fails the run on it.
+                log.warning("%s/%s: cannot read the bucket manifest: %s", namespace, name, e)
             except (StorageError, ManifestError) as e:
                 log.warning("%s/%s: cannot read the bucket manifest: %s", namespace, name, e)
 
@@ -500,6 +550,22 @@ class Reconciler:
             raise AssertionError("plan asked for a pod of another attempt than the status records")
         # The status write above landed: only now may the pod of the new attempt exist.
         return self._start_attempt(run, ref, obs, p.status, manifest, manifest_read)
+
+    def _pass_notice_on(
+        self, pod: Mapping[str, Any] | None, node: Mapping[str, Any] | None, spec: TrainingRunSpec
+    ) -> None:
+        """Annotates a running pod whose node carries one of the run's own notice taints (the
+        node handler does it for the operator-wide ones, at once); the sidecar's cue."""
+        if pod is None or node is None:
+            return
+        meta = pod.get("metadata") or {}
+        if NOTICE_ANNOTATION in (meta.get("annotations") or {}):
+            return
+        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+            return
+        notice = node_notice(node, spec.preemption.notice_taints)
+        if notice:
+            self.kube.annotate_pod(meta["namespace"], meta["name"], {NOTICE_ANNOTATION: notice})
 
     def _ended(
         self,
@@ -550,7 +616,11 @@ class Reconciler:
         resume = resume_of(ref, choice.entry.step) if choice.entry else None
         pod = build_pod(ref, status.attempt, resume, self.settings.agent)
         try:
-            created, _ = self.kube.create_pod(pod)
+            created, fresh = self.kube.create_pod(pod)
+            if not fresh and not owned_by(created, ref.uid):
+                return self._pod_name_taken(run, created)
+            if fresh:
+                self.metrics.pods_created.inc()
             self.pods.put((namespace, created["metadata"]["name"]), created)
         except Forbidden as e:
             # Quota, a terminating namespace, an admission webhook: not the spec's fault.
@@ -565,6 +635,30 @@ class Reconciler:
         self._write_status(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
         self.events.post(run, ev.type, ev.reason, ev.message)
         return None
+
+    def _pod_name_taken(self, run: dict[str, Any], pod: Mapping[str, Any]) -> float:
+        """The attempt's pod name is taken by a pod that is not this run's: wait for it to go
+        (a deleted run's pod of the same name is removed by the garbage collector)."""
+        meta = pod.get("metadata") or {}
+        owners = [f"{r.get('kind')}/{r.get('name')}" for r in meta.get("ownerReferences") or []]
+        whose = f"owned by {', '.join(owners)}" if owners else "not owned by this run"
+        going = (
+            "being deleted; waiting"
+            if meta.get("deletionTimestamp")
+            else "delete it or rename the run"
+        )
+        message = f"pod {meta.get('name')} exists and is not this run's ({whose}): {going}"
+        rmeta = run["metadata"]
+        key = (rmeta["namespace"], rmeta["name"], message)
+        now = time.monotonic()
+        if now - self._name_taken_said.get(key, -NAME_TAKEN_REPEAT_SECONDS) >= (
+            NAME_TAKEN_REPEAT_SECONDS
+        ):  # said again once a minute while it lasts, not at every retry
+            self._name_taken_said[key] = now
+            log.warning("%s/%s: %s", rmeta["namespace"], rmeta["name"], message)
+            self.events.post(run, "Warning", "PodNameTaken", message)
+        # The other pod is not watched (no run label, or another run's UID): poll for it to go.
+        return min(self.settings.resync_seconds, NAME_TAKEN_RETRY_SECONDS)
 
     def _fail_invalid(
         self,
@@ -598,14 +692,25 @@ class Reconciler:
 
     # -- nodes --------------------------------------------------------------------------------
 
-    @staticmethod
-    def node_matters(node: Mapping[str, Any] | None) -> bool:
-        """The node is gone, NotReady or carries a notice taint."""
+    def node_matters(self, node: Mapping[str, Any] | None) -> bool:
+        """The node is gone, NotReady or carries a notice taint (operator-wide or a run's)."""
+        with self._notice_lock:
+            runs_keys = set().union(*self._run_notice_taints.values())
         return (
             node is None
             or node_not_ready(node)
-            or node_notice(node, api.DEFAULT_NOTICE_TAINTS + _extra_notice_taints()) is not None
+            or node_notice(node, [*api.DEFAULT_NOTICE_TAINTS, *_extra_notice_taints(), *runs_keys])
+            is not None
         )
+
+    def _remember_notice_taints(self, key: tuple[str, str], spec: TrainingRunSpec | None) -> None:
+        own = frozenset(spec.preemption.notice_taints) if spec else frozenset()
+        own -= {*api.DEFAULT_NOTICE_TAINTS, *_extra_notice_taints()}
+        with self._notice_lock:
+            if own:
+                self._run_notice_taints[key] = own
+            else:
+                self._run_notice_taints.pop(key, None)
 
     def node_changed(self, node: Mapping[str, Any] | None, name: str) -> list[tuple[str, str]]:
         """Runs with a pod on this node that need a pass: the node is gone, NotReady or noticed.
@@ -707,6 +812,7 @@ def _pass(namespace: str, name: str) -> None:
             "%s/%s: reconcile failed; retrying after the resync interval", namespace, name
         )
         again = reconciler().settings.resync_seconds
+        reconciler().metrics.pass_errors.inc()
     if again is not None and _scheduler is not None:  # 0.0: at once (the next step is due)
         _scheduler.later(again, (namespace, name))
 

@@ -126,7 +126,6 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
     run = get_run(kube, args.namespace, args.run)
     status = run.get("status") or {}
     latest = status.get("latestCheckpoint") or {}
-    progress = status.get("progress") or {}
     lines = [
         ("Name", f"{args.namespace}/{args.run}"),
         ("Phase", status.get("phase") or "Pending"),
@@ -144,13 +143,6 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             else "none",
         ),
         ("Bad checkpoints", ", ".join(map(str, status.get("badCheckpoints") or []))),
-        (
-            "Progress",
-            f"step {progress['step']}"
-            + (f" of {progress['maxSteps']}" if progress.get("maxSteps") else "")
-            if progress
-            else "",
-        ),
         ("Next attempt", status.get("nextAttemptTime") or ""),
     ]
     width = max(len(k) for k, _ in lines) + 1

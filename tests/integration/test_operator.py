@@ -1,12 +1,16 @@
 """The operator against the real control plane, kwok nodes and the real bucket; no mocks.
 
 Covers: a run that succeeds; a failed attempt resubmitted from the newest committed checkpoint
-and counted as a restart; preemption by the Eviction API, by node deletion and by node NotReady,
+and counted as a restart; preemption by the Eviction API, by node deletion, by node NotReady, by
+a pod deleted by someone else and after a notice taint only the run names (its pod annotated),
 each resubmitted and counted as a preemption only; maxRestarts exhausted ends the run Failed; a
 newest checkpoint with a missing object, and one the restore reports corrupt, both fall back to
-the previous checkpoint; a missing credentials Secret fails the run at once with its reason;
-`kubectl get trainingruns` columns; the operator SIGKILLed around resubmissions leaves exactly
-one pod per attempt and no attempt number skipped.
+the previous checkpoint; a missing credentials Secret fails the run at once with its reason,
+while one deleted during a running attempt does not end it; the operator's metrics (transitions
+by reason, pods created, passes, runs by phase); a pod of the attempt's name that is not the
+run's is never adopted (PodNameTaken) and the run starts once it is gone; `kubectl get
+trainingruns` columns; the operator SIGKILLed around resubmissions leaves exactly one pod per
+attempt and no attempt number skipped.
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from tests.integration.support import (
     OperatorProcess,
     Runs,
     commit_checkpoint,
+    credentials_secret,
     trainingrun,
     wait_for,
 )
 from tests.localenv import KWOK_NODE_ANNOTATION, LocalEnv
+from trainingrun.decide.classify import NOTICE_ANNOTATION
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -100,6 +106,19 @@ def test_eviction_is_a_preemption_not_a_restart(
     assert messages and "EvictionByEvictionAPI" in messages[0]
 
 
+def test_pod_deleted_by_someone_else_is_a_preemption(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    start(runs, localenv, prefix, "deleted", kwok_node())
+    core_v1.delete_namespaced_pod("deleted-1", runs.namespace)  # graceful, as kubectl does
+    status = runs.wait_status(
+        "deleted", lambda s: s.get("activePod") == "deleted-2", 30, "attempt 2 after deletion"
+    )
+    assert (status["preemptions"], status["restarts"]) == (1, 0)
+    messages = [e.message for e in runs.events("deleted") if e.reason == "Preempted"]
+    assert messages and "deleted" in messages[0]
+
+
 def test_node_deletion_is_a_preemption(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
 ) -> None:
@@ -121,6 +140,70 @@ def test_node_deletion_is_a_preemption(
     runs.wait_pod_running("gone-2")
     assert runs.pod("gone-2").spec.node_name != node
     del spare
+
+
+def test_notice_taint_of_the_run_reaches_its_pod_and_makes_the_end_a_preemption(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    # A taint key only this run knows (not an operator-wide one): its own pass annotates.
+    node = kwok_node()
+    start(
+        runs,
+        localenv,
+        prefix,
+        "noticed",
+        node,
+        preemption={"noticeTaints": ["example.com/reclaim"]},
+    )
+    core_v1.patch_node(
+        node, {"spec": {"taints": [{"key": "example.com/reclaim", "effect": "NoSchedule"}]}}
+    )
+    notice = wait_for(
+        lambda: (runs.pod("noticed-1").metadata.annotations or {}).get(NOTICE_ANNOTATION),
+        30,
+        "the notice annotation on noticed-1",
+    )
+    assert notice == "example.com/reclaim"
+    runs.end_pod("noticed-1", 143)
+    status = runs.wait_status(
+        "noticed", lambda s: s.get("activePod") == "noticed-2", 30, "attempt 2 after the notice"
+    )
+    assert (status["preemptions"], status["restarts"]) == (1, 0)
+
+
+def test_pod_of_the_attempts_name_that_is_not_the_runs_is_never_adopted(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    node = kwok_node()
+    core_v1.create_namespaced_pod(
+        runs.namespace,
+        {
+            "metadata": {"name": "taken-1", "labels": {"app": "someone-else"}},
+            "spec": {
+                "nodeSelector": {"kubernetes.io/hostname": node},
+                "containers": [{"name": "c", "image": "example.invalid/other:1"}],
+            },
+        },
+    )
+    runs.create(trainingrun("taken", localenv, prefix, node=node))
+    message = wait_for(
+        lambda: next((e.message for e in runs.events("taken") if e.reason == "PodNameTaken"), None),
+        30,
+        "a PodNameTaken Event",
+    )
+    assert "taken-1" in message and "delete it or rename the run" in message
+    assert not runs.get("taken").get("status", {}).get("activePod")
+    assert runs.pod("taken-1").metadata.labels == {"app": "someone-else"}
+
+    core_v1.delete_namespaced_pod("taken-1", runs.namespace, grace_period_seconds=0)
+    run_uid = runs.get("taken")["metadata"]["uid"]
+    pod = wait_for(
+        lambda: (p := runs.pod("taken-1")) is not None and p.metadata.owner_references and p,
+        60,
+        "the run's own pod taken-1 (the create is retried every few seconds)",
+    )
+    assert [r.uid for r in pod.metadata.owner_references] == [run_uid]
+    runs.wait_status("taken", lambda s: s.get("activePod") == "taken-1", 30, "attempt 1 started")
 
 
 def test_node_not_ready_is_a_preemption(
@@ -228,6 +311,54 @@ def test_missing_secret_fails_at_once_with_reason(
     assert status["reason"] == "MissingSecret"
     assert "absent" in status["message"] and "AWS_ACCESS_KEY_ID" in status["message"]
     assert runs.pods_of("nosecret") == []
+
+
+def test_secret_deleted_mid_run_does_not_end_a_running_attempt(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    core_v1.create_namespaced_secret(runs.namespace, credentials_secret(localenv, "lost-creds"))
+    start(runs, localenv, prefix, "lost", kwok_node(), secret="lost-creds")
+    core_v1.delete_namespaced_secret("lost-creds", runs.namespace)
+    runs.end_pod("lost-1", 0)  # the attempt had its credentials: its success counts
+    status = runs.wait_status(
+        "lost", lambda s: s.get("phase") in ("Succeeded", "Failed"), 30, "end"
+    )
+    assert (status["phase"], status["reason"]) == ("Succeeded", "Succeeded")
+
+
+def test_operator_metrics_count_transitions_pods_and_runs_by_phase(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, operator: OperatorProcess
+) -> None:
+    def scrape() -> dict[str, float] | None:
+        try:
+            return operator.metrics()
+        except OSError:
+            return None  # not serving yet (the operator starts with the session)
+
+    before = wait_for(scrape, 60, "the operator's /metrics page")
+    start(runs, localenv, prefix, "metered", kwok_node())
+    runs.end_pod("metered-1", 1)
+    runs.wait_status("metered", lambda s: s.get("activePod") == "metered-2", 30, "attempt 2")
+    runs.wait_pod_running("metered-2")
+
+    def grows_by(name: str, least: float) -> None:
+        wait_for(
+            lambda: operator.metrics().get(name, 0.0) - before.get(name, 0.0) >= least,
+            10,
+            f"{name} up by {least}",
+        )
+
+    # No checkpoint was committed: attempt 2 starts from scratch too (Started, not Resumed).
+    grows_by('trainingrun_transitions_total{reason="Started"}', 2)
+    grows_by('trainingrun_transitions_total{reason="Failed"}', 1)
+    grows_by("trainingrun_pods_created_total", 2)
+    grows_by("trainingrun_reconcile_seconds_count", 2)
+    samples = operator.metrics()
+    assert samples['trainingrun_runs{phase="Running"}'] >= 1
+    assert set(k for k in samples if k.startswith("trainingrun_runs{")) == {
+        f'trainingrun_runs{{phase="{p}"}}'
+        for p in ("Pending", "Running", "Backoff", "Succeeded", "Failed")
+    }
 
 
 def test_kubectl_get_shows_live_columns(

@@ -1,7 +1,8 @@
 """The user commands against a live run: ``trainingrun checkpoints list`` shows the committed
 checkpoints newest first with size, time and whether their objects are all there, and
 ``trainingrun status`` shows phase, budgets, the latest checkpoint and conditions; both also
-run as the ``kubectl trainingrun`` plugin. An unknown run gives a one-line error and exit 1."""
+run as the ``kubectl trainingrun`` plugin; output into a closed pipe ends quietly. An unknown
+run gives a one-line error and exit 1."""
 
 from __future__ import annotations
 
@@ -68,6 +69,22 @@ def test_checkpoints_list_and_status_of_a_live_run(
     assert fields["Active pod"] == "cli-1"
     assert fields["Latest checkpoint"].startswith("step 20")
     assert "Conditions" in fields
+
+    # Piped into a reader that already went away (`| head -1` after its line): no traceback.
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {**os.environ, "KUBECONFIG": localenv.kubeconfig}
+    closed = subprocess.run(
+        [str(BIN / "trainingrun"), "status", "cli", "-n", runs.namespace],
+        env=env,
+        stdout=write_end,
+        stderr=subprocess.PIPE,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    os.close(write_end)
+    assert (closed.returncode, closed.stderr) == (0, "")
 
 
 def test_unknown_run_is_one_clear_line(localenv: LocalEnv, namespace: str) -> None:

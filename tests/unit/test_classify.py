@@ -9,6 +9,10 @@ Covers every row of the table in ``trainingrun.decide.classify`` and the cases a
   the pod stopped (also when the trainer then exited non-zero), or at once when its node is
   NotReady, deleted or unknown; while a Ready node stops it -> NotEnded "Terminating" (the save
   at SIGTERM must land first); a DisruptionTarget that is not True is ignored;
+- a pod deleted by someone else (no DisruptionTarget): NotEnded "Terminating" while a Ready node
+  stops it (also after the trainer exited, while the sidecar commits), then Preempted
+  "PodDeleted", not a failure; at once when removed with grace 0 or on a NotReady node; a
+  finished trainer still succeeds;
 - pod gone, node deleted, node NotReady/Unknown, ``status.reason`` Shutdown/Evicted/NodeLost/
   Terminated/Preempting -> Preempted;
 - a notice taint on the node or the notice annotation, then an end -> Preempted; a notice alone
@@ -65,6 +69,13 @@ def removed(pod: dict[str, Any]) -> dict[str, Any]:
     """The pod's last state as its DELETED event carries it: deleted with grace 0."""
     pod["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
     pod["metadata"]["deletionGracePeriodSeconds"] = 0
+    return pod
+
+
+def deleting(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod deleted by someone else (``kubectl delete pod``): graceful, no DisruptionTarget."""
+    pod["metadata"]["deletionTimestamp"] = "2025-01-01T12:00:00Z"
+    pod["metadata"]["deletionGracePeriodSeconds"] = 30
     return pod
 
 
@@ -289,6 +300,47 @@ CASES = [
     ),
     # -- Preempted: pod or node gone --------------------------------------------------------
     pytest.param(Case(None, End.PREEMPTED, "PodDeleted"), id="pod-gone-preempts"),
+    pytest.param(
+        Case(deleting(make_pod().running().build()), End.NOT_ENDED, "Terminating", ready_node),
+        id="pod-being-deleted-waits-while-a-ready-node-stops-it",
+    ),
+    pytest.param(
+        Case(
+            deleting(make_pod().trainer_exited(143, phase="Running").build()),
+            End.NOT_ENDED,
+            "Terminating",
+            ready_node,
+        ),
+        id="pod-being-deleted-waits-for-the-sidecar-after-the-trainer-stopped",
+    ),
+    pytest.param(
+        Case(
+            deleting(make_pod().trainer_exited(143).build()),
+            End.PREEMPTED,
+            "PodDeleted",
+            ready_node,
+        ),
+        id="pod-deleted-by-someone-else-preempts-once-stopped-not-a-failure",
+    ),
+    pytest.param(
+        Case(removed(make_pod().running().build()), End.PREEMPTED, "PodDeleted", ready_node),
+        id="pod-removed-with-grace-0-preempts",
+    ),
+    pytest.param(
+        Case(
+            deleting(make_pod().running().build()),
+            End.PREEMPTED,
+            "PodDeleted",
+            make_node("n1").not_ready().build(),
+        ),
+        id="pod-being-deleted-on-a-not-ready-node-preempts-at-once",
+    ),
+    pytest.param(
+        Case(
+            deleting(make_pod().trainer_exited(0).build()), End.SUCCEEDED, "Succeeded", ready_node
+        ),
+        id="pod-deleted-after-the-trainer-finished-succeeds",
+    ),
     pytest.param(
         Case(make_pod().running().build(), End.PREEMPTED, "NodeDeleted", None, node_deleted=True),
         id="node-deleted-preempts",

@@ -10,11 +10,14 @@ Covers:
   template's own inner fields are PodTemplateSpec fields, documented by Kubernetes);
 - the CEL rules sit where the API expects them;
 - printer columns: Phase, Attempt, Restarts, Preemptions, Checkpoint, Age, Reason, Message in
-  that order, with Reason and Message at priority 1 and the others in the default view.
+  that order, with Reason and Message at priority 1 and the others in the default view;
+- ``docs/api-reference.md`` equals ``apidoc.render()``, and the rendered reference has a section
+  per object and a row per field of spec and status, with its default and enum values.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
-from trainingrun import api, crd
+from trainingrun import api, apidoc, crd
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "trainingrun.yaml"
@@ -146,3 +149,48 @@ def test_printer_columns() -> None:
     for c in columns:
         if c["jsonPath"].startswith(".status."):
             assert c["jsonPath"].split(".")[2] in status_fields, c
+
+
+# -- the API reference generated from the CRD ------------------------------------------------
+
+API_REFERENCE = REPO / "docs" / "api-reference.md"
+
+
+def test_api_reference_is_current() -> None:
+    assert API_REFERENCE.read_text() == apidoc.render(), (
+        "docs/api-reference.md is stale: run 'make api-docs' and commit it"
+    )
+
+
+def _fields(path: str, schema: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    """(section path, field name, field schema) of every field the API models define."""
+    for name, field in (schema.get("properties") or {}).items():
+        yield path, name, field
+        if name == "template" and path == "spec":
+            continue  # PodTemplateSpec: documented by Kubernetes
+        if field.get("properties"):
+            yield from _fields(f"{path}.{name}", field)
+        items = field.get("items") or {}
+        if items.get("properties"):
+            yield from _fields(f"{path}.{name}[]", items)
+
+
+@pytest.mark.parametrize("root", ["spec", "status"])
+def test_api_reference_has_a_row_for_every_field(root: str) -> None:
+    text = apidoc.render()
+    sections = {
+        block.split("`", 2)[1]: block for block in text.split("\n## ")[1:] if block.startswith("`")
+    }
+    fields = list(_fields(root, _schema()["properties"][root]))
+    assert fields
+    for section, name, field in fields:
+        assert section in sections, f"no section for {section}"
+        row = next(
+            (line for line in sections[section].splitlines() if line.startswith(f"| `{name}`")),
+            None,
+        )
+        assert row is not None, f"{section}.{name} has no row"
+        if "default" in field:
+            assert json.dumps(field["default"]) in row, row
+        for value in field.get("enum", []):
+            assert f"`{value}`" in row, row

@@ -4,7 +4,8 @@ Covers:
 
 - name ``<run>-<attempt>``, namespace, owner reference (controller and blockOwnerDeletion true),
   run and attempt labels next to the template's labels, the resume-step annotation only when
-  resuming, template annotations kept;
+  resuming, template annotations kept; owned_by(): only a controller reference of the kind
+  TrainingRun with the run's UID makes a pod the run's (not a deleted run's of the same name);
 - ``restartPolicy: Never`` even when the template says otherwise, grace period from
   ``spec.preemption``;
 - the restore init container only when resuming, after the user's init containers and before
@@ -37,6 +38,7 @@ from trainingrun.decide.pod import (
     PODINFO_VOLUME,
     AgentSettings,
     build_pod,
+    owned_by,
     resume_of,
 )
 
@@ -102,6 +104,38 @@ def test_owner_reference_makes_the_run_the_controller() -> None:
             "blockOwnerDeletion": True,
         }
     ]
+
+
+def _owner(**fields: Any) -> dict[str, Any]:
+    ref = {"kind": KIND, "name": "r1", "uid": "uid-1", "controller": True}
+    return {**ref, **fields}
+
+
+@pytest.mark.parametrize(
+    ("refs", "owned"),
+    [
+        pytest.param([_owner()], True, id="the-run-is-the-controller"),
+        pytest.param([{"kind": "ReplicaSet", "uid": "x"}, _owner()], True, id="among-others"),
+        pytest.param([_owner(uid="uid-0")], False, id="a-deleted-run-of-the-same-name"),
+        pytest.param([_owner(controller=False)], False, id="owner-but-not-controller"),
+        pytest.param([_owner(kind="Job")], False, id="same-uid-other-kind"),
+        pytest.param([], False, id="no-owner"),
+        pytest.param(None, False, id="owner-references-absent"),
+    ],
+)
+def test_owned_by(refs: list[dict[str, Any]] | None, owned: bool) -> None:
+    meta: dict[str, Any] = {"name": "r1-1"}
+    if refs is not None:
+        meta["ownerReferences"] = refs
+
+    assert owned_by({"metadata": meta}, "uid-1") is owned
+
+
+def test_built_pod_is_owned_by_its_run() -> None:
+    run = make_run("r1")
+
+    assert owned_by(_pod(run), run.uid)
+    assert not owned_by(_pod(run), "another-uid")
 
 
 def test_labels_name_run_and_attempt_and_keep_template_labels() -> None:

@@ -9,7 +9,8 @@ Covers:
 - a failed pod moves to attempt N+1 with ``nextAttemptTime`` in the future and a requeue, and
   the pod of N+1 is asked for only once that time has passed;
 - a preempted pod moves to attempt N+1 and asks for its pod in the same plan, spends a
-  preemption and no restart; one still running (node NotReady) is deleted, an ended one is not;
+  preemption and no restart; one still running (node NotReady) is deleted, an ended one is not,
+  nor one whose trainer ended while its sidecar still commits on a Ready node (it keeps its logs);
   a failure without backoff asks for the next pod in the same plan too;
 - a pod missing while ``activePod`` names it is a preemption; one not created yet is not;
 - success, an exhausted restart budget and a permanent error finish the run with the matching
@@ -178,6 +179,22 @@ def test_running_pod_whose_start_was_not_recorded_is_adopted() -> None:
     assert p.status.resume_step == 120
     assert p.status.phase == PHASE_RUNNING
     assert p.create_attempt is None
+    assert (p.status.reason, _condition(p.status, RUNNING).reason) == ("Resumed", "Resumed")
+    assert p.events == [Event("Normal", "Resumed", "attempt 1 (r1-1) resumes from step 120")]
+
+
+def test_replacement_pod_whose_start_was_not_recorded_shows_resumed_not_the_last_failure() -> None:
+    d, pod = _launched(make_run("r1").with_checkpoint(42))
+    d.status = d.pass_(pod_from(pod).trainer_exited(1).build()).status
+    assert (d.status.attempt, d.status.reason) == (2, "Failed")
+    replacement = d.build(resume_step=42)  # created; the write recording it did not land
+
+    p = d.pass_(pod_from(replacement).running().build())
+
+    assert (p.status.active_pod, p.status.reason) == ("r1-2", "Resumed")
+    assert "resumes from step 42" in (p.status.message or "")
+    assert _condition(p.status, RUNNING).status == "True"
+    assert (p.status.restarts, p.status.attempt) == (1, 2)
 
 
 # -- failure and backoff ------------------------------------------------------------------
@@ -288,6 +305,23 @@ def test_preempted_pod_that_still_runs_is_deleted() -> None:
     assert p.delete_pod == "r1-1"
     assert p.status.preemptions == 1
     assert p.status.attempt == 2
+
+
+@pytest.mark.parametrize(
+    ("node_ready", "deleted"),
+    [
+        pytest.param(True, None, id="ready-node-finishes-it-logs-kept"),
+        pytest.param(False, "r1-1", id="not-ready-node-cannot-so-it-is-deleted"),
+    ],
+)
+def test_failed_trainer_with_the_sidecar_still_up(node_ready: bool, deleted: str | None) -> None:
+    d, pod = _launched(make_run("r1"))
+    node = make_node().build() if node_ready else make_node().not_ready().build()
+
+    p = d.pass_(pod_from(pod).trainer_exited(1, phase="Running").build(), node=node)
+
+    assert p.status.attempt == 2
+    assert p.delete_pod == deleted
 
 
 def test_notice_taints_come_from_the_spec() -> None:

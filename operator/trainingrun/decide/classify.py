@@ -5,6 +5,7 @@
 | trainer exited 0                                             | Succeeded     |
 | DisruptionTarget (once the pod stopped, or its node is gone), | Preempted     |
 | node gone or NotReady, reason Shutdown/...                   |               |
+| pod deleted by someone else (gone, or stopped while deleting) | Preempted     |
 | notice taint on the node or notice annotation, then an end   | Preempted     |
 | non-zero exit, OOMKilled                                     | Failed        |
 | restore exited with the checkpoint-bad code                  | CheckpointBad |
@@ -79,6 +80,15 @@ def _terminated(status: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     return term if isinstance(term, Mapping) else None
 
 
+def stops_by_itself(
+    pod: Mapping[str, Any], node: Mapping[str, Any] | None, node_deleted: bool
+) -> bool:
+    """Every main container has terminated and a Ready node runs the pod: its kubelet stops the
+    sidecar and writes the final phase, so the pod (and its logs) can be left alone."""
+    mains = _statuses(pod, "containerStatuses")
+    return bool(mains) and all(_terminated(s) for s in mains) and _node_alive(node, node_deleted)
+
+
 def node_notice(node: Mapping[str, Any] | None, notice_taints: Iterable[str]) -> str | None:
     """The first notice taint key on the node, if any."""
     keys = set(notice_taints)
@@ -111,15 +121,17 @@ def classify(
     status = pod.get("status") or {}
     phase = status.get("phase")
 
+    meta = pod.get("metadata") or {}
+    # A deletion grace of 0 is the final removal, the pod's last state: nothing more will come.
+    removed = meta.get("deletionGracePeriodSeconds") == 0
+
     disruption = _condition(pod, "DisruptionTarget")
     if disruption and disruption.get("status") == "True":
         reason = str(disruption.get("reason") or "DisruptionTarget")
-        removed = (pod.get("metadata") or {}).get("deletionGracePeriodSeconds") == 0
         if phase not in ("Succeeded", "Failed") and not removed and _node_alive(node, node_deleted):
             # Its kubelet is stopping it: the trainer saves at the next step end and the
             # sidecar commits that checkpoint within the grace period. Resubmitting now would
-            # resume from an older checkpoint and lose those steps. (A deletion grace of 0 is
-            # the final removal, the pod's last state: nothing more will come.)
+            # resume from an older checkpoint and lose those steps.
             return Outcome(End.NOT_ENDED, "Terminating", f"{reason}: saving and stopping")
         return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
 
@@ -134,6 +146,14 @@ def classify(
         return Outcome(End.SUCCEEDED, "Succeeded", "the trainer exited 0")
     if phase == "Succeeded":
         return Outcome(End.SUCCEEDED, "Succeeded", "the pod succeeded")
+
+    if meta.get("deletionTimestamp"):
+        # Deleted without a DisruptionTarget (`kubectl delete pod`, a tool that deletes instead
+        # of evicting): someone else's doing, since the operator deletes an attempt's pod only
+        # after recording its end. Like an eviction, it waits for the save at SIGTERM.
+        if phase != "Failed" and not removed and _node_alive(node, node_deleted):
+            return Outcome(End.NOT_ENDED, "Terminating", "the pod is being deleted: saving")
+        return Outcome(End.PREEMPTED, "PodDeleted", "the attempt's pod was deleted")
 
     for s in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
         waiting = (s.get("state") or {}).get("waiting") or {}
@@ -152,7 +172,7 @@ def classify(
         return Outcome(End.PREEMPTED, "NodeNotReady", "the pod's node is not ready")
 
     if phase == "Failed" or trainer:
-        notice = ((pod.get("metadata") or {}).get("annotations") or {}).get(NOTICE_ANNOTATION)
+        notice = (meta.get("annotations") or {}).get(NOTICE_ANNOTATION)
         notice = notice or node_notice(node, notice_taints)
         if notice:
             return Outcome(

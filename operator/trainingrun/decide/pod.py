@@ -63,6 +63,15 @@ def pod_name(run_name: str, attempt: int) -> str:
     return f"{run_name}-{attempt}"
 
 
+def owned_by(pod: dict[str, Any], run_uid: str) -> bool:
+    """The pod is the run's own: its controller owner reference names the run's UID (a pod of
+    the same name may be someone else's, or a deleted run's that is still going away)."""
+    refs = (pod.get("metadata") or {}).get("ownerReferences") or []
+    return any(
+        r.get("uid") == run_uid and r.get("kind") == KIND and r.get("controller") for r in refs
+    )
+
+
 def run_prefix(run: RunRef) -> str:
     """s3://bucket/prefix/<namespace>/<run>: where this run's manifest and checkpoints live."""
     return f"{run.spec.checkpoint.storage.uri.rstrip('/')}/{run.namespace}/{run.name}"

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
-from trainingrun.decide.classify import Outcome, classify
+from trainingrun.decide.classify import Outcome, classify, stops_by_itself
 from trainingrun.decide.pod import ANNOTATION_RESUME_STEP, pod_name
 from trainingrun.decide.policy import Action, Counters, decide
 
@@ -168,17 +168,18 @@ def plan(obs: Observed) -> Plan:
         notice_taints=obs.spec.preemption.notice_taints,
     )
     if not outcome.ended:
+        if obs.pod is not None and not _is_true(status, RUNNING):
+            # The pod exists but its start was not recorded (the write after its creation
+            # failed, or the operator stopped between the two): record it as started() would.
+            adopted, event = started(status, obs, obs.pod)
+            return Plan(adopted, events=[event])
         resume = _resume_step(obs.pod)
-        conds = status.conditions
-        if not _is_true(status, RUNNING):  # keep the Started/Resumed reason while it runs
-            conds = _conditions_for_end(status, obs, True, "AttemptRunning", f"pod {current}")
         new = _with(
             status,
             obs,
             active_pod=current,
             resume_step=resume if resume is not None else status.resume_step,
             next_attempt_time=None,
-            conditions=conds,
         )
         return Plan(new)
     return _ended(status, obs, outcome, current)
@@ -226,10 +227,12 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         "reason": d.reason,
         "message": d.message,
     }
-    # A pod that still runs (node NotReady, notice) is deleted so it cannot write again.
-    still_there = obs.pod is not None and (obs.pod.get("status") or {}).get("phase") not in (
-        "Succeeded",
-        "Failed",
+    # A pod that still runs (node NotReady, notice) is deleted so it cannot write again; one
+    # whose containers all stopped on a Ready node ends by itself and keeps its logs.
+    still_there = (
+        obs.pod is not None
+        and (obs.pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not stops_by_itself(obs.pod, obs.node, obs.node_deleted)
     )
     delete = current if still_there else None
     attempt_msg = f"attempt {status.attempt} ({current}): {d.message}"
