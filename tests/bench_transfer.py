@@ -45,6 +45,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config
 
 from tests import localenv
+from tests.benchutil import write_section
 from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
 from trainingrun.restore import RestoreSettings, restore
@@ -328,17 +329,6 @@ def report(result: dict[str, Any], command: str) -> str:
         )
     lines += ["", *[f"- {v}" for v in verdicts], ""]
     return "\n".join(lines)
-
-
-def write_section(path: Path, section: str) -> None:
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start == -1:
-        text = text.rstrip() + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section.rstrip() + "\n" + (text[end:] if end != -1 else "")
-    path.write_text(text.rstrip() + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

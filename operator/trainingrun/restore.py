@@ -155,8 +155,9 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
     finally:
         transfer.close()
     shutil.rmtree(final, ignore_errors=True)
+    local.mark_complete(staging)
+    local.share(staging)
     staging.rename(final)
-    local.mark_complete(final)
     elapsed = time.monotonic() - started
     log.info(
         "%s restored and verified: %d files, %s in %.1f s (%s/s)",

@@ -177,7 +177,9 @@ class Store:
             ):
                 return StorageAccessDenied(
                     f"{where}: access denied ({code}); check the credentials Secret or the "
-                    "role's bucket policy (s3:GetObject, s3:PutObject, s3:ListBucket)"
+                    "role's bucket policy: s3:ListBucket, s3:ListBucketMultipartUploads on the "
+                    "bucket; s3:GetObject, s3:PutObject, s3:DeleteObject, "
+                    "s3:AbortMultipartUpload on the prefix (docs/storage.md#bucket-permissions)"
                 )
             if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
                 return ChecksumMismatch(f"{where}: the endpoint found a checksum mismatch ({code})")
@@ -376,9 +378,17 @@ class Store:
         for i in range(0, len(keys), 1000):
             chunk = [{"Key": k} for k in keys[i : i + 1000]]
             try:
-                self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+                out = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
             except Exception as e:
                 raise self._translate(e, keys[i]) from e
+            # DeleteObjects answers 200 and lists the keys it could not delete.
+            errors = out.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StorageError(
+                    f"s3://{self.bucket}/{first.get('Key')}: {len(errors)} of {len(chunk)} "
+                    f"objects not deleted ({first.get('Code')}: {first.get('Message')})"
+                )
 
 
 # ---------------------------------------------------------------------------------------------

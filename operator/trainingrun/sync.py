@@ -302,6 +302,7 @@ class SyncSettings:
     keep: int = 3
     quiet_seconds: float = 10.0
     poll_seconds: float = 2.0
+    settle_seconds: float = 0.5
     drain_seconds: float = 60.0
     checksum: str = "auto"
     transfer: TransferSettings = field(default_factory=TransferSettings)
@@ -404,15 +405,27 @@ class Sync:
                 self.publish_progress()
                 self.sync_once(trainer_gone=False)
                 backoff = 1.0
-                self.wake.wait(min(self.s.poll_seconds, self.s.quiet_seconds))
-                self.wake.clear()
-            except (StorageError, ManifestError, FileChanged, VerificationFailed) as e:
+                self.wait_for_changes()
+            # OSError: the local folder (a file removed or unreadable mid-scan); a later pass
+            # sees it as it settled.
+            except (StorageError, ManifestError, FileChanged, VerificationFailed, OSError) as e:
                 self._failed(e)
                 self.stopping.wait(backoff * random.uniform(0.5, 1.0))  # noqa: S311
                 backoff = min(backoff * 2, self.s.max_backoff_seconds)
             except Cancelled:
                 break
         return self.drain(started)
+
+    def wait_for_changes(self) -> None:
+        """Until the poll interval passes or the folder changed and then stayed still for
+        ``settle_seconds``: a save writes many files, and one scan after the burst is enough."""
+        if not self.wake.wait(min(self.s.poll_seconds, self.s.quiet_seconds)):
+            return
+        deadline = time.monotonic() + self.s.quiet_seconds
+        while not self.stopping.is_set() and time.monotonic() < deadline:
+            self.wake.clear()
+            if not self.wake.wait(self.s.settle_seconds):
+                return
 
     def drain(self, started: bool) -> int:
         """After SIGTERM: commit the newest complete checkpoint before the deadline."""
@@ -430,7 +443,7 @@ class Sync:
                     break
                 except Cancelled:
                     break
-                except (StorageError, ManifestError, FileChanged, VerificationFailed) as e:
+                except (StorageError, ManifestError, FileChanged, VerificationFailed, OSError) as e:
                     self._failed(e)
                     if isinstance(e, PERMANENT):
                         break  # waiting out the grace period would not change it
@@ -463,8 +476,18 @@ class Sync:
         notice = read_annotation(self.s.podinfo_dir / "annotations", NOTICE_ANNOTATION)
         if notice:
             log.info("preemption notice (%s): asking the trainer to save now", notice)
-            local.request_save(self.s.checkpoint_dir, f"preemption notice: {notice}")
-            self.notice_sent = True
+            self.notice_sent = True  # once: a request that cannot be written is not retried
+            try:
+                local.request_save(self.s.checkpoint_dir, f"preemption notice: {notice}")
+            except OSError as e:
+                self.metrics.failures.labels("SaveRequestFailed").inc()
+                log.error(
+                    "cannot ask the trainer to save (%s): it saves at SIGTERM instead; run the "
+                    "pod's containers as one user (pod securityContext.runAsUser) so the sidecar "
+                    "can write to %s",
+                    e,
+                    self.s.checkpoint_dir / local.CONTROL_DIR,
+                )
 
     def publish_progress(self) -> None:
         progress = local.read_progress(self.s.checkpoint_dir)
@@ -548,11 +571,24 @@ class Sync:
             algo.name,
         )
         if dropped:
-            n = self.committer.delete_checkpoint_objects([d.step for d in dropped])
+            names = ", ".join(f"checkpoint-{d.step}" for d in dropped)
+            try:
+                n = self.committer.delete_checkpoint_objects([d.step for d in dropped])
+            except StorageError as e:
+                # The manifest no longer names them: left over, they cost space, never a resume.
+                self.metrics.failures.labels("RetentionDeleteFailed").inc()
+                log.warning(
+                    "retention (keep %d): dropped %s from the manifest, but deleting their "
+                    "objects failed: %s; they stay in the bucket unused (s3:DeleteObject needed)",
+                    self.s.keep,
+                    names,
+                    e,
+                )
+                return
             log.info(
                 "retention (keep %d): dropped %s, deleted %d objects",
                 self.s.keep,
-                ", ".join(f"checkpoint-{d.step}" for d in dropped),
+                names,
                 n,
             )
 
@@ -578,10 +614,17 @@ def _watch(checkpoint_dir: Path, wake: threading.Event) -> Any:
     """Wakes the loop on any change under the folder; None when inotify is unavailable (the loop
     then polls)."""
 
+    root = str(checkpoint_dir)
+
     class _Wake(FileSystemEventHandler):
         def on_any_event(self, event: FileSystemEvent) -> None:
-            del event
-            wake.set()
+            # The progress file changes at every step: waking a scan for it would cost the
+            # trainer CPU at every step for nothing (progress is read on the poll anyway).
+            paths = [event.src_path, getattr(event, "dest_path", "") or ""]
+            if any(
+                p and not local.is_control(os.path.relpath(os.fsdecode(p), root)) for p in paths
+            ):
+                wake.set()
 
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
     observer = Observer()
@@ -598,6 +641,17 @@ def _watch(checkpoint_dir: Path, wake: threading.Event) -> Any:
 def main(store: Store, settings: SyncSettings, metrics: Metrics) -> int:
     sync = Sync(store, settings, metrics)
     signal.signal(signal.SIGTERM, sync.on_sigterm)
+    try:
+        # The sidecar starts before the trainer: the control folder it creates is one the
+        # trainer can write progress into and the sidecar a save request, whatever their users.
+        local.prepare_control_dir(settings.checkpoint_dir)
+    except OSError as e:
+        log.warning(
+            "cannot make %s writable for the pod's containers (%s): preemption notices may not "
+            "reach the trainer; run the containers as one user (pod securityContext.runAsUser)",
+            settings.checkpoint_dir / local.CONTROL_DIR,
+            e,
+        )
     observer = _watch(settings.checkpoint_dir, sync.wake)
     log.info(
         "sync: watching %s%s, committing to s3://%s/%s (keep %d)",

@@ -150,6 +150,10 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
     assert "restored and verified" in result.stderr
     assert same_tree(src, restored / "checkpoint-10")
     assert (restored / "checkpoint-10" / local.COMPLETE_MARKER).exists()
+    # The trainer may run as another user than the agent: it must be able to rotate it away.
+    tree = [restored / "checkpoint-10", *(restored / "checkpoint-10").rglob("*")]
+    assert {p.stat().st_mode & 0o777 for p in tree if p.is_dir()} == {0o777}
+    assert {p.stat().st_mode & 0o777 for p in tree if p.is_file()} == {0o666}
 
 
 def test_quiet_period_completes_unmarked_and_ignores_non_checkpoints(
@@ -465,6 +469,8 @@ def test_preemption_notice_becomes_a_save_request(
     )
     time.sleep(3)
     assert local.save_requested(ckdir) is None
+    # Prepared before the trainer starts, writable whichever users the containers run as.
+    assert (ckdir / local.CONTROL_DIR).stat().st_mode & 0o777 == 0o777
     (podinfo / "annotations").write_text(
         f'kubectl.kubernetes.io/last-applied="{{}}"\n{NOTICE_ANNOTATION}="karpenter.sh/disrupted"\n'
     )

@@ -12,6 +12,8 @@ Covers:
 - Store._translate(): 404/NoSuchKey and NoSuchBucket, 412, 403 and credential codes, checksum
   codes, other 4xx, 408/429/5xx, missing credentials, connection errors, and an unrelated
   exception that is re-raised as is;
+- Store.delete(): chunks of 1000 keys; keys DeleteObjects reports as not deleted (a 200
+  answer) raise a StorageError naming the first and the count;
 - parse_uri() and Location.key().
 """
 
@@ -323,6 +325,50 @@ def test_errors_are_translated(err: Exception, kind: type[StorageError], words: 
 
     assert type(translated) is kind
     assert words in str(translated)
+
+
+class DeleteObjectsClient:
+    """delete_objects answering as S3 does: 200, with the keys it could not delete listed."""
+
+    def __init__(self, denied: set[str]) -> None:
+        self.denied = denied
+        self.calls: list[list[str]] = []
+
+    def delete_objects(self, Bucket: str, Delete: dict[str, Any]) -> dict[str, Any]:
+        keys = [o["Key"] for o in Delete["Objects"]]
+        self.calls.append(keys)
+        errors = [
+            {"Key": k, "Code": "AccessDenied", "Message": "Access Denied"}
+            for k in keys
+            if k in self.denied
+        ]
+        return {"Deleted": [{"Key": k} for k in keys if k not in self.denied], "Errors": errors}
+
+
+@pytest.mark.parametrize(
+    ("count", "denied", "error"),
+    [
+        pytest.param(3, set(), None, id="all-deleted"),
+        pytest.param(2500, set(), None, id="chunks-of-1000"),
+        pytest.param(3, {"k1"}, "1 of 3 objects not deleted (AccessDenied", id="one-refused"),
+    ],
+)
+def test_delete_reports_the_keys_it_could_not_delete(
+    count: int, denied: set[str], error: str | None
+) -> None:
+    client = DeleteObjectsClient(denied)
+    store = Store(client=client, bucket="b")
+    keys = [f"k{i}" for i in range(count)]
+
+    if error is None:
+        store.delete(keys)
+        assert [len(c) for c in client.calls] == [
+            min(1000, count - i) for i in range(0, count, 1000)
+        ]
+    else:
+        with pytest.raises(StorageError, match=r"s3://b/k1: ") as e:
+            store.delete(keys)
+        assert error in str(e.value)
 
 
 def test_an_unrelated_exception_is_not_swallowed() -> None:

@@ -15,6 +15,12 @@ Covers:
   values quoted the way Go quotes them;
 - local.request_save / save_requested and write_progress / read_progress: round trips, the
   control folder created, atomic replace (no temporary left), garbage tolerated;
+- local.prepare_control_dir and local.share: the control folder and a restored tree are
+  writable by every container of the pod (whatever the umask or an earlier mode);
+- Sync.check_notice: a notice becomes one save request; one that cannot be written is counted
+  and logged with the fix, and does not stop the sidecar;
+- local.is_control and the folder watcher: control-file writes (progress at every step) do not
+  wake the sync loop, a checkpoint file does (real inotify on a temporary folder);
 - transfer.Throttle with a fake clock: no rate never sleeps; the total sleep is (bytes before
   the last take) / rate; idle time gives no burst credit;
 - transfer.format_bytes and Progress.line() / add(): units, percent, files, rate, and one log
@@ -26,16 +32,21 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
+import time
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from trainingrun import local, transfer
+from trainingrun.decide.classify import NOTICE_ANNOTATION
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE
-from trainingrun.sync import LocalCheckpoint, read_annotation, scan
+from trainingrun.storage import Location, Store
+from trainingrun.sync import LocalCheckpoint, Sync, SyncSettings, read_annotation, scan
+from trainingrun.sync import _watch as sync_watch
 from trainingrun.transfer import MiB, Progress, Throttle, format_bytes
 
 
@@ -280,6 +291,124 @@ def test_garbage_progress_is_ignored(tmp_path: Path, data: bytes) -> None:
 
 def test_missing_progress_is_none(tmp_path: Path) -> None:
     assert local.read_progress(tmp_path) is None
+
+
+@pytest.mark.parametrize(
+    ("relative", "control"),
+    [
+        (".trainingrun", True),
+        (".trainingrun/progress.json", True),
+        (".trainingrun/.progress.json.tmp", True),
+        (".", False),
+        ("checkpoint-10", False),
+        ("checkpoint-10/model.safetensors", False),
+        ("checkpoint-10/.trainingrun", False),
+        (".trainingrun-old/progress.json", False),
+        ("trainingrun/progress.json", False),
+    ],
+)
+def test_is_control(relative: str, control: bool) -> None:
+    assert local.is_control(relative) is control
+
+
+@pytest.fixture
+def umask_022() -> Any:
+    old = os.umask(0o022)
+    yield
+    os.umask(old)
+
+
+@pytest.mark.usefixtures("umask_022")
+@pytest.mark.parametrize("existing_mode", [None, 0o755, 0o700])
+def test_control_dir_is_writable_by_every_container(
+    tmp_path: Path, existing_mode: int | None
+) -> None:
+    if existing_mode is not None:
+        (tmp_path / local.CONTROL_DIR).mkdir(mode=existing_mode)
+
+    path = local.prepare_control_dir(tmp_path)
+
+    assert path == tmp_path / local.CONTROL_DIR
+    assert path.stat().st_mode & 0o777 == 0o777
+
+
+@pytest.mark.usefixtures("umask_022")
+def test_share_makes_a_restored_tree_writable_by_every_container(tmp_path: Path) -> None:
+    _write(tmp_path / "checkpoint-5" / "model.bin")
+    _write(tmp_path / "checkpoint-5" / "sub" / "part.bin")
+    (tmp_path / "checkpoint-5" / "model.bin").chmod(0o600)
+
+    local.share(tmp_path / "checkpoint-5")
+
+    modes = {
+        p.relative_to(tmp_path).as_posix(): p.stat().st_mode & 0o777
+        for p in [tmp_path / "checkpoint-5", *(tmp_path / "checkpoint-5").rglob("*")]
+    }
+    assert modes == {
+        "checkpoint-5": 0o777,
+        "checkpoint-5/sub": 0o777,
+        "checkpoint-5/model.bin": 0o666,
+        "checkpoint-5/sub/part.bin": 0o666,
+    }
+
+
+def _sync_with_notice(tmp_path: Path) -> Sync:
+    podinfo = tmp_path / "podinfo"
+    _write(podinfo / "annotations", f'{NOTICE_ANNOTATION}="spot-itn"\n'.encode())
+    settings = SyncSettings(
+        checkpoint_dir=tmp_path / "ckpt", run=Location("bucket", "runs"), podinfo_dir=podinfo
+    )
+    (tmp_path / "ckpt").mkdir()
+    return Sync(cast(Store, None), settings)
+
+
+def test_notice_asks_the_trainer_to_save_once(tmp_path: Path) -> None:
+    sync = _sync_with_notice(tmp_path)
+
+    sync.check_notice()
+
+    assert local.save_requested(tmp_path / "ckpt") == "preemption notice: spot-itn"
+    assert sync.notice_sent
+
+
+def test_notice_that_cannot_be_written_does_not_stop_the_sidecar(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    sync = _sync_with_notice(tmp_path)
+    _write(tmp_path / "ckpt" / local.CONTROL_DIR, b"not a folder")  # any OSError will do
+
+    sync.check_notice()
+    sync.check_notice()
+
+    assert sync.notice_sent
+    failed = sync.metrics.registry.get_sample_value(
+        "trainingrun_sync_failures_total", {"reason": "SaveRequestFailed"}
+    )
+    assert failed == 1
+    assert "runAsUser" in caplog.text
+
+
+def test_watcher_wakes_for_checkpoint_files_not_for_progress(tmp_path: Path) -> None:
+    wake = threading.Event()
+    observer = sync_watch(tmp_path, wake)
+    assert observer is not None
+    try:
+        # Creating the control folder changes the checkpoint folder itself: one wake-up, once.
+        local.write_progress(tmp_path, local.Progress(1, 100))
+        wake.wait(5.0)
+        time.sleep(0.2)
+        wake.clear()
+
+        for step in range(2, 7):
+            local.write_progress(tmp_path, local.Progress(step, 100))
+        assert not wake.wait(0.5), "progress writes woke the sync loop"
+
+        _write(tmp_path / "checkpoint-5" / "model.bin", b"weights")
+
+        assert wake.wait(5.0), "a new checkpoint file did not wake the sync loop"
+    finally:
+        observer.stop()
+        observer.join(5.0)
 
 
 # -- throttle and progress lines ---------------------------------------------------------

@@ -1,0 +1,35 @@
+"""Shared by the benchmark scripts: a process's CPU time, and writing a section of
+docs/benchmarks.md in place."""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+_DATED = re.compile(r" \(\d{4}-\d{2}-\d{2}\)$")
+
+
+def cpu_seconds(pid: int, children: bool = False) -> float:
+    """User + system CPU seconds of a running process so far (and of its waited-for children)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = fields[11:15] if children else fields[11:13]
+    return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def write_section(path: Path, section: str) -> None:
+    """Puts ``section`` (markdown starting with its ``## `` heading) in place of the section with
+    the same heading, a trailing date in parentheses aside, or at the end when there is none.
+    Every other section is kept as it was."""
+    heading = _DATED.sub("", section.splitlines()[0].rstrip())
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    lines = text.splitlines(keepends=True)
+    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
+    mine = next((i for i in starts if _DATED.sub("", lines[i].rstrip()) == heading), None)
+    if mine is None:
+        text = text.rstrip() + "\n\n" + section
+    else:
+        end = next((i for i in starts if i > mine), len(lines))
+        after = "".join(lines[end:])
+        text = "".join(lines[:mine]) + section.rstrip() + "\n" + ("\n" + after if after else "")
+    path.write_text(text.rstrip() + "\n")
