@@ -26,6 +26,10 @@ The operator counts a trainer exit 0 as success before anything else, so an earl
 as 0 would end a half-trained run as Succeeded; with 143 the attempt is classified by what
 stopped it (the notice, the pod's DisruptionTarget, the node) and resumed.
 
+A resume from the checkpoint of the last step (``max_steps``: the attempt stopped after its
+final save, before it exited) trains nothing: ``hf.train`` loads its weights and returns 0. The
+Trainer itself, resumed there, would train one step past ``max_steps``.
+
 ``resume_checkpoint()`` is the folder the restore put in place (``TRAININGRUN_RESUME_FROM``), or
 None on a fresh start. The restore writes into ``TRAININGRUN_CHECKPOINT_DIR``; with that as the
 Trainer's ``output_dir``, ``trainer.train(resume_from_checkpoint=True)`` finds it too, but only on
@@ -37,6 +41,7 @@ and the restore never do.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -173,12 +178,33 @@ def attach(trainer: Any, checkpoint_dir: str | Path | None = None) -> TrainingRu
     return callback
 
 
+def checkpoint_step(checkpoint: str | Path) -> int | None:
+    """The global step a Trainer checkpoint folder was saved at (its trainer_state.json)."""
+    try:
+        state = json.loads((Path(checkpoint) / local.TRAINER_STATE).read_text())
+        return int(state["global_step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def train(trainer: Any, checkpoint_dir: str | Path | None = None) -> int:
     """Trains, resuming from the restored checkpoint if any; returns the process exit code:
     0 when training finished, ``EXIT_STOPPED`` when it stopped early to be preempted."""
+    resume = resume_checkpoint()
+    step = checkpoint_step(resume) if resume else None
+    max_steps = int(getattr(trainer.args, "max_steps", -1) or -1)
+    if resume and step is not None and 0 < max_steps <= step:
+        # The checkpoint is the end of training (the attempt stopped after its last save, before
+        # it exited). The Trainer resumed there would train one step more than max_steps; load
+        # the weights instead, so what follows sees the model an uninterrupted run ends with.
+        log.info(
+            "%s is at step %d of %d: training is done; loading its weights", resume, step, max_steps
+        )
+        trainer._load_from_checkpoint(resume)
+        return 0
     callback = attach(trainer, checkpoint_dir)
     try:
-        trainer.train(resume_from_checkpoint=resume_checkpoint())
+        trainer.train(resume_from_checkpoint=resume)
     finally:
         callback.restore_signal_handler()  # also when training raised
     return callback.exit_code

@@ -5,7 +5,8 @@ resumed from it (``TRAININGRUN_RESUME_FROM`` through ``hf.train``, or the Traine
 ``resume_from_checkpoint=True`` finding it in the output folder) ends with final weights bitwise
 equal to an uninterrupted run's, and the same loss at every step after the resume point. A run
 killed outright (SIGKILL, as on node loss) resumes from its newest complete checkpoint, replays the
-lost steps and ends the same.
+lost steps and ends the same. One resumed from the checkpoint of its last step trains nothing
+more and ends with the same weights.
 
 The stop steps come from a seeded RNG (``TRAININGRUN_TEST_SEED``, default 5) and are printed.
 """
@@ -15,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -78,6 +80,7 @@ def finish(proc: subprocess.Popen[str], expected: int) -> None:
 class Reference:
     weights: bytes
     losses: dict[int, float]
+    ckdir: Path
 
 
 @pytest.fixture(scope="module")
@@ -96,7 +99,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     assert weights == (ckdir / f"checkpoint-{MAX_STEPS}" / "model.safetensors").read_bytes()
     reference_losses = losses(work / "loss.jsonl")
     assert sorted(reference_losses) == list(range(1, MAX_STEPS + 1))
-    return Reference(weights, reference_losses)
+    return Reference(weights, reference_losses, ckdir)
 
 
 def wait_for_step(proc: subprocess.Popen[str], ckdir: Path, step: int) -> int:
@@ -179,3 +182,22 @@ def test_stop_and_resume_is_exact(
     assert sorted(after) == list(range(saved + 1, MAX_STEPS + 1))
     differing = [s for s in after if after[s] != reference.losses[s]]
     assert not differing, f"loss differs after the resume point at steps {differing}"
+
+
+def test_resume_from_the_last_step_trains_nothing_more(
+    tmp_path: Path, reference: Reference
+) -> None:
+    """An attempt that stopped after its last save but before it exited: the next one resumes
+    from checkpoint-<max steps> and must end with the same weights without training a step
+    (the Trainer resumed there would train step max + 1)."""
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    last = f"checkpoint-{MAX_STEPS}"
+    shutil.copytree(reference.ckdir / last, ckdir / last)
+    log_path = tmp_path / "loss.jsonl"
+
+    finish(start(ckdir, log_path, resume_from=str(ckdir / last)), 0)
+
+    assert checkpoints(ckdir) == [MAX_STEPS]
+    assert (ckdir / "final" / "model.safetensors").read_bytes() == reference.weights
+    assert not log_path.exists() or losses(log_path) == {}
