@@ -3,7 +3,8 @@ per-test namespaces and kwok nodes.
 
 Tests under tests/integration/ and tests/e2e/ are marked automatically and use the session
 environment: one that is already up (``make cluster``) is reused and left running; one the session
-starts itself is stopped at the end.
+starts itself is stopped at the end. The CRD and the operator are session fixtures here, so both
+tiers share one operator process: two operators on one cluster would both act on every run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from tests import localenv as localenv_mod
+from tests.integration.support import OperatorProcess, Runs, credentials_secret, wait_for
+
+REPO = Path(__file__).resolve().parents[1]
 
 TIERS = ("integration", "e2e")
 
@@ -91,3 +95,67 @@ def kwok_node(core_v1: Any) -> Iterator[Callable[..., str]]:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+
+@pytest.fixture(scope="session")
+def crd(localenv: localenv_mod.LocalEnv, api_client: Any) -> str:
+    localenv.kubectl("apply", "-f", str(REPO / "crds" / "trainingrun.yaml"))
+    localenv.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingruns.trainingrun.dev"
+    )
+    custom = client.CustomObjectsApi(api_client)
+
+    def served() -> bool:
+        try:
+            custom.list_cluster_custom_object("trainingrun.dev", "v1alpha1", "trainingruns")
+        except client.ApiException:
+            return False
+        return True
+
+    wait_for(served, 30, "trainingruns to be served")
+    return "trainingruns.trainingrun.dev"
+
+
+@pytest.fixture(scope="session")
+def operator(
+    localenv: localenv_mod.LocalEnv, crd: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[OperatorProcess]:
+    proc = OperatorProcess(
+        localenv,
+        tmp_path_factory.mktemp("operator") / "operator.log",
+        metrics_port=localenv_mod.free_ports(1)[0],
+    )
+    proc.start()
+    _session_operators.append(proc)
+    yield proc
+    _session_operators.remove(proc)
+    proc.stop()
+    log = proc.log_path.read_text(errors="replace")
+    print(f"--- operator log (last 3000 chars) ---\n{log[-3000:]}")
+
+
+_session_operators: list[OperatorProcess] = []
+
+
+@pytest.fixture
+def session_operator_paused() -> Iterator[None]:
+    """For a test that runs an operator of its own: the session operator, if an earlier test
+    started it, is stopped meanwhile (two operators would both act on the test's runs)."""
+    paused = [p for p in _session_operators if p.alive()]
+    for proc in paused:
+        proc.stop()
+    yield
+    for proc in paused:
+        proc.start()
+
+
+@pytest.fixture
+def runs(api_client: Any, namespace: str, localenv: localenv_mod.LocalEnv, core_v1: Any) -> Runs:
+    core_v1.create_namespaced_secret(namespace, credentials_secret(localenv))
+    return Runs(api_client, namespace)
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A bucket prefix no other test uses."""
+    return f"it-{uuid.uuid4().hex[:10]}"

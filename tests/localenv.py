@@ -45,6 +45,7 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 # The kwok controller plays kubelet only for nodes with this annotation.
 KWOK_NODE_SELECTOR = f"{KWOK_NODE_ANNOTATION}=fake"
 READY_TIMEOUT_S = 120
+RUNNER_PID_FILE = "runner.pid"  # in each pod runner's state folder (tests.podrunner)
 
 
 def env_name() -> str:
@@ -92,12 +93,15 @@ class LocalEnv:
         )
 
     def shell_exports(self) -> str:
-        """Lines a shell can eval to use this environment (the secret stays in the state file)."""
+        """Lines a shell can eval to use this environment: kubectl, and the ``trainingrun``
+        command and its kubectl plugin from the clone's virtualenv, on PATH (the secret stays in
+        the state file)."""
         return "\n".join(
             [
                 f"export KUBECONFIG={self.kubeconfig}",
-                f"export PATH={self.bin_dir}:$PATH",
+                f"export PATH={self.bin_dir}:{REPO / '.venv' / 'bin'}:$PATH",
                 f"export AWS_ENDPOINT_URL={self.s3_endpoint}",
+                f"export TRAININGRUN_ENV_DIR={state_dir(self.name)}",
             ]
         )
 
@@ -465,6 +469,11 @@ def down(quiet: bool = False) -> None:
     if operator_pid.exists():
         with contextlib.suppress(ValueError):
             stop_pid(int(operator_pid.read_text() or 0))
+    # Local pod runners (tests.podrunner) started in this environment; their containers die
+    # with them.
+    for pid_file in sdir.glob(f"podrunner/*/{RUNNER_PID_FILE}"):
+        with contextlib.suppress(ValueError):
+            stop_pid(int(pid_file.read_text() or 0))
     env_file = sdir / "env.json"
     if env_file.exists():
         with contextlib.suppress(Exception):

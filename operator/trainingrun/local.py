@@ -39,6 +39,13 @@ def checkpoint_step(name: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
+def is_control(relative_path: str) -> bool:
+    """Paths (relative to the checkpoint folder) of the control files the trainer and the sidecar
+    exchange (progress, save-now): written every step, never part of a checkpoint."""
+    parts = Path(relative_path).parts
+    return bool(parts) and parts[0] == CONTROL_DIR
+
+
 def is_internal(relative_path: str) -> bool:
     """Files of ours inside a checkpoint folder that are never uploaded."""
     return Path(relative_path).name == COMPLETE_MARKER
@@ -51,6 +58,34 @@ def mark_complete(folder: Path) -> None:
 
 def control_path(checkpoint_dir: Path, name: str) -> Path:
     return checkpoint_dir / CONTROL_DIR / name
+
+
+# The pod's containers may run as different users (the agent image as 65532, a trainer image
+# often as root): what one writes into the shared checkpoint volume, the others must be able to
+# write next to, replace and delete. The volume is the pod's own emptyDir.
+SHARED_DIR_MODE = 0o777
+SHARED_FILE_MODE = 0o666
+
+
+def prepare_control_dir(checkpoint_dir: Path) -> Path:
+    """Creates the control folder writable by every container of the pod; the sidecar does this
+    at its start, before the trainer runs."""
+    path = checkpoint_dir / CONTROL_DIR
+    path.mkdir(parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o777 != SHARED_DIR_MODE:
+        path.chmod(SHARED_DIR_MODE)
+    return path
+
+
+def share(folder: Path) -> None:
+    """Makes a folder tree written by one container writable by the others (the trainer rotates
+    a restored checkpoint away like its own)."""
+    for root, dirs, files in os.walk(folder):
+        Path(root).chmod(SHARED_DIR_MODE)
+        for name in dirs:
+            (Path(root) / name).chmod(SHARED_DIR_MODE)
+        for name in files:
+            (Path(root) / name).chmod(SHARED_FILE_MODE)
 
 
 def request_save(checkpoint_dir: Path, reason: str) -> None:

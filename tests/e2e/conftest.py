@@ -1,5 +1,5 @@
-"""End-to-end fixtures: the operator fixtures of the integration tier, and two local pod runner
-nodes on which the attempts' pods run as real processes."""
+"""End-to-end fixtures: two local pod runner nodes on which the attempts' pods run as real
+processes. The operator and the CRD are the session fixtures of tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.integration.conftest import crd, operator, prefix, runs  # noqa: F401 - fixtures
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle, start_runner
 

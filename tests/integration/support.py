@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -56,6 +57,7 @@ class OperatorProcess:
     log_path: Path
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    metrics_port: int = 0  # serve /metrics on 127.0.0.1 at this port (0: off)
 
     def start(self) -> None:
         env = {
@@ -66,8 +68,13 @@ class OperatorProcess:
             **self.extra_env,
         }
         log = self.log_path.open("ab")
+        metrics = (
+            ["--metrics-port", str(self.metrics_port), "--metrics-address", "127.0.0.1"]
+            if self.metrics_port
+            else []
+        )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainingrun.cli", "operator"],
+            [sys.executable, "-m", "trainingrun.cli", "operator", *metrics],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -89,6 +96,16 @@ class OperatorProcess:
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+    def metrics(self) -> dict[str, float]:
+        """The samples of its /metrics page: ``name{labels}`` -> value."""
+        page = urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=10)
+        samples = {}
+        for line in page.read().decode().splitlines():
+            if line and not line.startswith("#"):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples
 
 
 def credentials_secret(env: LocalEnv, name: str = "s3creds") -> client.V1Secret:

@@ -184,6 +184,7 @@ def _sa_kubeconfig(env: LocalEnv, core_v1: Any, release: Release, path: Path) ->
     return path
 
 
+@pytest.mark.usefixtures("session_operator_paused")
 def test_operator_runs_as_the_charts_service_account(
     release: Release,
     localenv: LocalEnv,

@@ -72,6 +72,7 @@ from typing import Any
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from tests.localenv import RUNNER_PID_FILE as PID_FILE
 from tests.localenv import LocalEnv, state_dir
 from tests.podrunner.node import LEASE_NAMESPACE, TOLERATION
 
@@ -82,6 +83,29 @@ READY_TIMEOUT_S = 30
 def default_state_dir(env_name: str, node: str) -> Path:
     """Inside the environment's state folder, so ``make cluster-down`` removes it."""
     return state_dir(env_name) / "podrunner" / node
+
+
+def runner_pids(env_name: str) -> dict[str, int]:
+    """Node name -> pid of each runner ``start_runner`` started in the environment (alive or
+    not); ``make cluster-down`` stops them."""
+    pids = {}
+    for pid_file in sorted((state_dir(env_name) / "podrunner").glob(f"*/{PID_FILE}")):
+        text = pid_file.read_text().strip()
+        if text.isdigit():
+            pids[pid_file.parent.name] = int(text)
+    return pids
+
+
+def running_runner(env: LocalEnv, node: str) -> bool:
+    """True when a runner started by ``start_runner`` for ``node`` still runs."""
+    pid = runner_pids(env.name).get(node)
+    if pid is None:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    return b"tests.podrunner" in cmdline and node.encode() in cmdline
 
 
 def placement(node: str) -> dict[str, Any]:
@@ -203,6 +227,7 @@ def start_runner(
         proc = subprocess.Popen(
             args, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
         )
+    (state / PID_FILE).write_text(str(proc.pid))
     handle = RunnerHandle(env=env, node=node, state_dir=state, log_path=log_path, proc=proc)
     core = client.CoreV1Api(config.new_client_from_config(config_file=env.kubeconfig))
     deadline = time.monotonic() + READY_TIMEOUT_S
