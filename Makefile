@@ -8,7 +8,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
-.PHONY: help venv tools cluster cluster-down cluster-status demo crds crds-check lint typecheck layers \
+.PHONY: help venv tools cluster cluster-down cluster-status demo crds crds-check api-docs \
+	api-docs-check lint typecheck layers \
 	test test-unit test-integration bench-tools bench-transfer clean
 .PHONY: chart-crds chart-readme chart-check hadolint images kind-up kind-load kind-install kind-e2e \
 	kind-down
@@ -54,11 +55,18 @@ cluster-down: venv ## Stop every process of the local environment and remove its
 cluster-status: venv ## Show the local environment (nodes, namespaces, S3 endpoint)
 	$(BIN)/python -m tests.localenv status
 
-demo: cluster ## The main job: a TrainingRun kept alive through a preemption and a failure
+demo: cluster ## The main job: a real TrainingRun preempted once, resumed from its checkpoint, finished
 	$(BIN)/python -m tests.demo
 
 crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api.py
 	$(BIN)/python -m trainingrun.crd > crds/trainingrun.yaml
+
+api-docs: venv ## Regenerate docs/api-reference.md from the CRD
+	$(BIN)/python -m trainingrun.apidoc > docs/api-reference.md
+
+api-docs-check: venv ## Fail when docs/api-reference.md is stale
+	@$(BIN)/python -m trainingrun.apidoc | diff -u docs/api-reference.md - >/dev/null || \
+		{ echo "docs/api-reference.md is stale: run 'make api-docs' and commit it"; exit 1; }
 
 crds-check: venv ## Fail when crds/trainingrun.yaml is stale
 	@$(BIN)/python -m trainingrun.crd | diff -u crds/trainingrun.yaml - >/dev/null || \
@@ -80,7 +88,7 @@ test-unit: venv ## Unit tests (no cluster)
 test-integration: venv tools ## Integration tests against the real control plane and SeaweedFS
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck layers crds-check chart-check hadolint tools ## Everything CI runs: lint, types, layers, unit and integration tests
+test: lint typecheck layers crds-check api-docs-check chart-check hadolint tools ## Everything CI runs: lint, types, layers, unit and integration tests
 	$(BIN)/pytest tests
 
 chart-crds: ## Copy crds/trainingrun.yaml into the chart's crds/ folder

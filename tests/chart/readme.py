@@ -121,8 +121,9 @@ on a local kind cluster (Docker needed).
 
 - **CRDs.** `crds/` holds the TrainingRun CRD (a copy of the repository's
   `crds/trainingrun.yaml`, made by `make chart-crds`) and kopf's peering CRDs. Helm installs them
-  when absent and never upgrades or deletes them: after upgrading the chart, run
-  `kubectl apply -f crds/trainingrun.yaml`.
+  when absent and never upgrades or deletes them: before upgrading the chart, run
+  `kubectl apply --server-side -f crds/trainingrun.yaml` from the new version, so the new
+  operator finds the schema it expects.
 - **One operator.** One replica with the `Recreate` strategy, and a kopf peering object
   (`ClusterKopfPeering`, or a `KopfPeering` per watched namespace) named like the release: an
   operator started with a higher priority pauses this one.
