@@ -275,7 +275,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     # attempt 3 resumed from checkpoint-10.
     assert not (tmp_path / "loss-2.jsonl").exists()
     assert chain.resume_step(3) == 10
-    assert [e for e in runs.events("corrupt") if e.reason == "CheckpointBad"]
+    assert runs.wait_events("corrupt", "CheckpointBad")
     final = s3.get_object(
         Bucket=localenv.bucket,
         Key=f"{chain.run_key}/checkpoints/checkpoint-{MAX_STEPS}/model.safetensors",

@@ -216,6 +216,16 @@ class Runs:
             if e.involved_object.name == run and e.involved_object.kind == api.KIND
         ]
 
+    def wait_events(self, run: str, reason: str, timeout_s: float = 15) -> list[Any]:
+        """The run's Events with ``reason``, once there is at least one: the operator posts
+        Events from a thread of its own after the status write they report, so a test that saw
+        the status change waits for them."""
+        return wait_for(
+            lambda: [e for e in self.events(run) if e.reason == reason],
+            timeout_s,
+            f"a {reason} Event on {run}",
+        )
+
     def end_pod(
         self, name: str, exit_code: int, reason: str = "", container: str = "trainer"
     ) -> None:

@@ -264,7 +264,7 @@ def test_operator_runs_as_the_charts_service_account(
             "r", lambda s: s.get("activePod") == "r-2", 30, "attempt 2 after the notice"
         )
         assert status["preemptions"] == 1
-        assert "Preempted" in [e.reason for e in runs.events("r")]
+        assert runs.wait_events("r", "Preempted")
         assert proc.poll() is None, "the operator exited"
     finally:
         proc.terminate()

@@ -59,7 +59,7 @@ def test_run_succeeds_when_trainer_exits_zero(
     conds = {c["type"]: c for c in status["conditions"]}
     assert conds["Succeeded"]["status"] == "True"
     assert conds["Running"]["status"] == "False"
-    assert [e.reason for e in runs.events("ok") if e.reason == "Succeeded"]
+    assert runs.wait_events("ok", "Succeeded")
 
 
 def test_failed_attempt_resubmits_from_newest_checkpoint_as_restart(
@@ -84,8 +84,7 @@ def test_failed_attempt_resubmits_from_newest_checkpoint_as_restart(
     assert env["TRAININGRUN_ATTEMPT"] == "2"
     restore = runs.env_of(runs.pod("fail-2"), "trainingrun-restore")
     assert restore["TRAININGRUN_RESTORE_STEP"] == "20"
-    reasons = [e.reason for e in runs.events("fail")]
-    assert "Failed" in reasons and "Resumed" in reasons
+    assert runs.wait_events("fail", "Failed") and runs.wait_events("fail", "Resumed")
 
 
 def test_eviction_is_a_preemption_not_a_restart(
@@ -102,7 +101,7 @@ def test_eviction_is_a_preemption_not_a_restart(
     )
     assert status["preemptions"] == 1
     assert status["restarts"] == 0
-    messages = [e.message for e in runs.events("evict") if e.reason == "Preempted"]
+    messages = [e.message for e in runs.wait_events("evict", "Preempted")]
     assert messages and "EvictionByEvictionAPI" in messages[0]
 
 
@@ -115,7 +114,7 @@ def test_pod_deleted_by_someone_else_is_a_preemption(
         "deleted", lambda s: s.get("activePod") == "deleted-2", 30, "attempt 2 after deletion"
     )
     assert (status["preemptions"], status["restarts"]) == (1, 0)
-    messages = [e.message for e in runs.events("deleted") if e.reason == "Preempted"]
+    messages = [e.message for e in runs.wait_events("deleted", "Preempted")]
     assert messages and "deleted" in messages[0]
 
 
@@ -277,7 +276,7 @@ def test_missing_object_in_newest_checkpoint_falls_back_to_previous(
     runs.wait_status("fallback", lambda s: s.get("activePod") == "fallback-2", 30, "attempt 2")
     env = runs.env_of(runs.pod("fallback-2"))
     assert env["TRAININGRUN_RESUME_STEP"] == "5"
-    skipped = [e.message for e in runs.events("fallback") if e.reason == "CheckpointSkipped"]
+    skipped = [e.message for e in runs.wait_events("fallback", "CheckpointSkipped")]
     assert skipped and "checkpoint 9" in skipped[0] and "opt.bin is missing" in skipped[0]
 
 
