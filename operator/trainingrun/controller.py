@@ -575,7 +575,11 @@ class Reconciler:
         node_deleted: bool = False,
     ) -> bool:
         outcome = classify(
-            pod, node=node, node_deleted=node_deleted, notice_taints=spec.preemption.notice_taints
+            pod,
+            node=node,
+            node_deleted=node_deleted,
+            notice_taints=spec.preemption.notice_taints,
+            now=datetime.now(UTC),
         )
         return outcome.ended
 

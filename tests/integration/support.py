@@ -14,7 +14,7 @@ import time
 import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -256,6 +256,34 @@ class Runs:
         }
         del pod
         self.core.patch_namespaced_pod_status(name, self.namespace, body)
+
+    def pull_failing(
+        self, name: str, reason: str, message: str, scheduled_ago_s: float | None = None
+    ) -> None:
+        """Writes the trainer waiting on an image pull, as the kubelet does while it retries;
+        with ``scheduled_ago_s``, also moves the pod's PodScheduled time that far back."""
+        status: dict[str, Any] = {
+            "containerStatuses": [
+                {
+                    "name": "trainer",
+                    "ready": False,
+                    "restartCount": 0,
+                    "image": "example.invalid/trainer:1",
+                    "imageID": "",
+                    "state": {"waiting": {"reason": reason, "message": message}},
+                }
+            ]
+        }
+        if scheduled_ago_s is not None:
+            at = datetime.now(UTC) - timedelta(seconds=scheduled_ago_s)
+            status["conditions"] = [
+                {
+                    "type": "PodScheduled",
+                    "status": "True",
+                    "lastTransitionTime": at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                }
+            ]
+        self.core.patch_namespaced_pod_status(name, self.namespace, {"status": status})
 
     def env_of(self, pod: Any, container: str = "trainer") -> dict[str, str]:
         for c in pod.spec.containers + (pod.spec.init_containers or []):

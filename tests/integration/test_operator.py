@@ -6,7 +6,9 @@ a pod deleted by someone else and after a notice taint only the run names (its p
 each resubmitted and counted as a preemption only; maxRestarts exhausted ends the run Failed; a
 newest checkpoint with a missing object, and one the restore reports corrupt, both fall back to
 the previous checkpoint; a missing credentials Secret fails the run at once with its reason,
-while one deleted during a running attempt does not end it; the operator's metrics (transitions
+while one deleted during a running attempt does not end it; an image pull error keeps the run
+Running (ImagePullRetrying) until the pull has failed for the grace, then fails it; the
+operator's metrics (transitions
 by reason, pods created, passes, runs by phase); a pod of the attempt's name that is not the
 run's is never adopted (PodNameTaken) and the run starts once it is gone; `kubectl get
 trainingruns` columns; the operator SIGKILLed around resubmissions leaves exactly one pod per
@@ -310,6 +312,26 @@ def test_missing_secret_fails_at_once_with_reason(
     assert status["reason"] == "MissingSecret"
     assert "absent" in status["message"] and "AWS_ACCESS_KEY_ID" in status["message"]
     assert runs.pods_of("nosecret") == []
+
+
+def test_image_pull_error_is_retried_for_a_while_then_ends_the_run(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any
+) -> None:
+    start(runs, localenv, prefix, "pull", kwok_node())
+    runs.pull_failing("pull-1", "ErrImagePull", "dial tcp 10.0.0.1:443: i/o timeout")
+    status = runs.wait_status(
+        "pull", lambda s: s.get("reason") == "ImagePullRetrying", 30, "ImagePullRetrying"
+    )
+    assert status["phase"] == "Running", status
+    assert "i/o timeout" in status["message"] and "fails if the image" in status["message"]
+    assert runs.pod("pull-1") is not None
+
+    # The pull has been failing since the pod was scheduled 10 minutes ago: past the grace.
+    runs.pull_failing("pull-1", "ImagePullBackOff", 'Back-off pulling image "x"', 600)
+    status = runs.wait_status("pull", lambda s: s.get("phase") == "Failed", 30, "Failed")
+    assert status["reason"] == "ImagePullBackOff", status
+    assert (status["restarts"], status["attempt"]) == (0, 1)
+    assert runs.wait_events("pull", "ImagePullBackOff")
 
 
 def test_secret_deleted_mid_run_does_not_end_a_running_attempt(

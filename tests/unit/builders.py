@@ -337,7 +337,13 @@ class PodBuilder:
         return self
 
     def condition(
-        self, ctype: str, status: str = "True", *, reason: str = "", message: str = ""
+        self,
+        ctype: str,
+        status: str = "True",
+        *,
+        reason: str = "",
+        message: str = "",
+        at: str = "2025-01-01T11:30:00Z",
     ) -> Self:
         conditions = self._status.setdefault("conditions", [])
         conditions[:] = [c for c in conditions if c["type"] != ctype]
@@ -347,10 +353,19 @@ class PodBuilder:
                 "status": status,
                 "reason": reason,
                 "message": message,
-                "lastTransitionTime": "2025-01-01T11:30:00Z",
+                "lastTransitionTime": at,
             }
         )
         return self
+
+    def created(self, at: str) -> Self:
+        self._pod["metadata"]["creationTimestamp"] = at
+        return self
+
+    def scheduled(self, at: str) -> Self:
+        """Bound to ``n1`` (unless placed already) at ``at`` (the PodScheduled condition)."""
+        self._pod["spec"].setdefault("nodeName", "n1")
+        return self.condition("PodScheduled", at=at)
 
     def disrupted(self, reason: str, message: str = "") -> Self:
         """The control plane marked the pod for disruption (``DisruptionTarget``)."""

@@ -19,13 +19,16 @@ Covers every row of the table in ``trainingrun.decide.classify`` and the cases a
   (still running) is not an end; taints outside ``notice_taints`` are not notices;
 - the restore exiting with the checkpoint-bad code -> CheckpointBad, any other restore exit ->
   Failed;
-- image and config errors on any container -> Permanent;
+- image and config errors on any container -> Permanent; an image pull error (ErrImagePull,
+  ImagePullBackOff) only once it has lasted IMAGE_PULL_GRACE_SECONDS since the pod was scheduled
+  (or created), NotEnded "ImagePullRetrying" with the time to look again before that;
 - running, pending, container creating -> NotEnded.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -33,6 +36,7 @@ import pytest
 from tests.unit.builders import make_node, make_pod
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
 from trainingrun.decide.classify import (
+    IMAGE_PULL_GRACE_SECONDS,
     RESTORE_EXIT_CHECKPOINT_BAD,
     SYNC_CONTAINER,
     End,
@@ -53,13 +57,22 @@ class Case:
     message_has: str = ""
 
 
+# The pods below were scheduled at 11:30 (the builder's condition time) unless they say.
+NOW = datetime(2025, 1, 1, 12, 0, tzinfo=UTC)
+
+
 def _classify(case: Case) -> Outcome:
     return classify(
         case.pod,
         node=case.node,
         node_deleted=case.node_deleted,
         notice_taints=DEFAULT_NOTICE_TAINTS,
+        now=NOW,
     )
+
+
+def _ago(seconds: float) -> str:
+    return (NOW - timedelta(seconds=seconds)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 ready_node = make_node("n1").build()
@@ -492,6 +505,68 @@ CASES = [
         ),
         id="sidecar-missing-secret-is-permanent",
     ),
+    *[
+        pytest.param(
+            Case(
+                make_pod().scheduled(_ago(age)).waiting(reason, message=f"{reason} detail").build(),
+                end,
+                reason if end is End.PERMANENT else "ImagePullRetrying",
+                ready_node,
+                message_has=f"container trainer: {reason} detail",
+            ),
+            id=f"{reason}-{age}s-after-scheduling-is-{end.value}",
+        )
+        for reason in ("ErrImagePull", "ImagePullBackOff")
+        for age, end in (
+            (10, End.NOT_ENDED),
+            (IMAGE_PULL_GRACE_SECONDS - 1, End.NOT_ENDED),
+            (IMAGE_PULL_GRACE_SECONDS, End.PERMANENT),
+            (3600, End.PERMANENT),
+        )
+    ],
+    pytest.param(
+        Case(
+            make_pod().scheduled(_ago(10)).waiting("InvalidImageName").build(),
+            End.PERMANENT,
+            "InvalidImageName",
+            ready_node,
+        ),
+        id="invalid-image-name-is-permanent-at-once",
+    ),
+    pytest.param(
+        Case(
+            make_pod()
+            .scheduled(_ago(10))
+            .waiting("CreateContainerConfigError", message='secret "s3" not found')
+            .build(),
+            End.PERMANENT,
+            "CreateContainerConfigError",
+            ready_node,
+        ),
+        id="missing-secret-is-permanent-at-once",
+    ),
+    pytest.param(
+        Case(
+            make_pod().created(_ago(10)).waiting("ErrImagePull").build(),
+            End.NOT_ENDED,
+            "ImagePullRetrying",
+            ready_node,
+        ),
+        id="pull-error-of-a-pod-not-yet-scheduled-counts-from-its-creation",
+    ),
+    pytest.param(
+        Case(
+            make_pod()
+            .created(_ago(3600))
+            .waiting("ImagePullBackOff", container=SYNC_CONTAINER)
+            .build(),
+            End.PERMANENT,
+            "ImagePullBackOff",
+            ready_node,
+            message_has=f"container {SYNC_CONTAINER}",
+        ),
+        id="sidecar-pull-error-past-the-grace-is-permanent",
+    ),
     # -- NotEnded ---------------------------------------------------------------------------
     pytest.param(
         Case(make_pod().running().build(), End.NOT_ENDED, "Running", ready_node),
@@ -526,8 +601,12 @@ def test_notice_taints_come_from_the_argument_not_the_defaults() -> None:
     pod = make_pod().trainer_exited(143).build()
     node = make_node().tainted("example.com/draining").build()
 
-    default = classify(pod, node=node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS)
-    custom = classify(pod, node=node, node_deleted=False, notice_taints=["example.com/draining"])
+    default = classify(
+        pod, node=node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS, now=NOW
+    )
+    custom = classify(
+        pod, node=node, node_deleted=False, notice_taints=["example.com/draining"], now=NOW
+    )
 
     assert default.end is End.FAILED
     assert (custom.end, custom.reason) == (End.PREEMPTED, "PreemptionNotice")
@@ -538,7 +617,20 @@ def test_classify_does_not_modify_its_inputs() -> None:
     node_builder = make_node().tainted(SPOT_TAINT)
     pod, node = pod_builder.build(), node_builder.build()
 
-    classify(pod, node=node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS)
+    classify(pod, node=node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS, now=NOW)
 
     assert pod == pod_builder.build()
     assert node == node_builder.build()
+
+
+def test_image_pull_retrying_says_when_it_decides() -> None:
+    pod = make_pod().scheduled(_ago(60)).waiting("ErrImagePull", message="i/o timeout").build()
+
+    outcome = classify(
+        pod, node=ready_node, node_deleted=False, notice_taints=DEFAULT_NOTICE_TAINTS, now=NOW
+    )
+
+    deadline = NOW + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS - 60)
+    assert outcome.decide_at == deadline
+    assert deadline.strftime("%Y-%m-%dT%H:%M:%SZ") in outcome.message
+    assert "i/o timeout" in outcome.message

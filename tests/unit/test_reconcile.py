@@ -13,6 +13,8 @@ Covers:
   nor one whose trainer ended while its sidecar still commits on a Ready node (it keeps its logs);
   a failure without backoff asks for the next pod in the same plan too;
 - a pod missing while ``activePod`` names it is a preemption; one not created yet is not;
+- an image pull error keeps the run Running with reason ImagePullRetrying and a requeue for the
+  end of the grace, then fails it; a pull that goes through gives the start its reason back;
 - success, an exhausted restart budget and a permanent error finish the run with the matching
   conditions, phase and Event; finished runs are left alone;
 - a bad checkpoint is recorded and the next attempt starts at once; the latest checkpoint
@@ -34,6 +36,7 @@ import pytest
 
 from tests.unit.builders import T0, RunBuilder, make_node, make_pod, make_run, pod_from
 from trainingrun.api import Condition, TrainingRunStatus
+from trainingrun.decide.classify import IMAGE_PULL_GRACE_SECONDS
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.policy import (
     REASON_CRASH_LOOP,
@@ -275,6 +278,42 @@ def test_permanent_error_fails_the_run_and_deletes_the_waiting_pod() -> None:
     assert p.status.reason == "InvalidImageName"
     assert p.delete_pod == "r1-1"
     assert p.create_attempt is None
+
+
+def test_image_pull_error_is_retried_then_fails_the_run_once_the_grace_is_spent() -> None:
+    d, pod = _launched(make_run("r1"))
+    failing = pod_from(pod).scheduled(rfc3339(d.now)).waiting("ErrImagePull", message="timeout")
+
+    d.advance(60)
+    p = d.pass_(failing.build(), node=make_node().build())
+
+    assert p.status.phase == PHASE_RUNNING
+    assert p.status.reason == "ImagePullRetrying"
+    assert "timeout" in p.status.message and "fails if the image" in p.status.message
+    assert (p.create_attempt, p.delete_pod, p.events) == (None, None, [])
+    assert p.requeue_after == IMAGE_PULL_GRACE_SECONDS - 60 + 1
+
+    d.advance(IMAGE_PULL_GRACE_SECONDS - 60)
+    p = d.pass_(failing.waiting("ImagePullBackOff").build(), node=make_node().build())
+
+    assert p.status.phase == PHASE_FAILED
+    assert p.status.reason == "ImagePullBackOff"
+    assert p.delete_pod == "r1-1"
+
+
+def test_image_pull_that_goes_through_gives_the_start_back_its_reason() -> None:
+    d, pod = _launched(make_run("r1"))
+    d.advance(30)
+    failing = pod_from(pod).scheduled(rfc3339(d.now)).waiting("ErrImagePull")
+    assert d.pass_(failing.build(), node=make_node().build()).status.reason == "ImagePullRetrying"
+
+    p = d.pass_(pod_from(pod).running().build(), node=make_node().build())
+
+    assert (p.status.reason, p.status.message) == (
+        "Started",
+        "attempt 1 (r1-1) starts from scratch",
+    )
+    assert p.requeue_after is None
 
 
 # -- preemption ---------------------------------------------------------------------------

@@ -9,13 +9,15 @@
 | notice taint on the node or notice annotation, then an end   | Preempted     |
 | non-zero exit, OOMKilled                                     | Failed        |
 | restore exited with the checkpoint-bad code                  | CheckpointBad |
-| image cannot be pulled, missing Secret/ConfigMap             | Permanent     |
+| image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
+| pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
@@ -31,6 +33,13 @@ PREEMPTING_POD_REASONS = frozenset({"Shutdown", "Evicted", "NodeLost", "Terminat
 PERMANENT_WAITING_REASONS = frozenset(
     {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
 )
+# A pull can fail for a while and then work (a registry or network blip, a rate limit, a
+# credential that is still propagating), and the kubelet keeps retrying with a back-off that
+# grows to 300 s. A pull error ends the run only once it has lasted this long since the pod was
+# scheduled: about five pulls.
+IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
+IMAGE_PULL_GRACE_SECONDS = 300
+IMAGE_PULL_RETRYING = "ImagePullRetrying"
 
 
 class End(Enum):
@@ -47,6 +56,9 @@ class Outcome:
     end: End
     reason: str
     message: str
+    # Not ended yet, but it will be at this time unless the pod changes (an image pull that
+    # keeps failing): the caller looks again then.
+    decide_at: datetime | None = None
 
     @property
     def ended(self) -> bool:
@@ -114,8 +126,9 @@ def classify(
     node: Mapping[str, Any] | None,
     node_deleted: bool,
     notice_taints: Iterable[str],
+    now: datetime,
 ) -> Outcome:
-    """Classifies the attempt whose pod is ``pod`` (None: the pod is gone)."""
+    """Classifies the attempt whose pod is ``pod`` (None: the pod is gone) at time ``now``."""
     if pod is None:
         return Outcome(End.PREEMPTED, "PodDeleted", "the attempt's pod was deleted")
     status = pod.get("status") or {}
@@ -159,9 +172,20 @@ def classify(
         waiting = (s.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") in PERMANENT_WAITING_REASONS:
             detail = waiting.get("message") or waiting["reason"]
-            return Outcome(
-                End.PERMANENT, str(waiting["reason"]), f"container {s.get('name')}: {detail}"
-            )
+            message = f"container {s.get('name')}: {detail}"
+            since = _scheduled_at(pod)
+            if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
+                deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)
+                if now < deadline:
+                    until = deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    return Outcome(
+                        End.NOT_ENDED,
+                        IMAGE_PULL_RETRYING,
+                        f"{message} (the kubelet retries; the run fails if the image is still "
+                        f"not pulled at {until})",
+                        decide_at=deadline,
+                    )
+            return Outcome(End.PERMANENT, str(waiting["reason"]), message)
 
     if node_deleted:
         return Outcome(End.PREEMPTED, "NodeDeleted", "the pod's node was deleted")
@@ -180,6 +204,23 @@ def classify(
             )
         return _failure(pod, trainer)
     return Outcome(End.NOT_ENDED, str(phase or "Pending"), "")
+
+
+def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
+    """When the pod was bound to its node (PodScheduled), else when it was created."""
+    scheduled = _condition(pod, "PodScheduled")
+    for value in (
+        (scheduled or {}).get("lastTransitionTime")
+        if (scheduled or {}).get("status") == "True"
+        else None,
+        (pod.get("metadata") or {}).get("creationTimestamp"),
+    ):
+        if value:
+            try:
+                return datetime.fromisoformat(str(value))
+            except ValueError:
+                continue
+    return None
 
 
 def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outcome:

@@ -25,7 +25,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
-from trainingrun.decide.classify import Outcome, classify, stops_by_itself
+from trainingrun.decide.classify import IMAGE_PULL_RETRYING, Outcome, classify, stops_by_itself
 from trainingrun.decide.pod import ANNOTATION_RESUME_STEP, pod_name
 from trainingrun.decide.policy import Action, Counters, decide
 
@@ -166,6 +166,7 @@ def plan(obs: Observed) -> Plan:
         node=obs.node,
         node_deleted=obs.node_deleted,
         notice_taints=obs.spec.preemption.notice_taints,
+        now=obs.now,
     )
     if not outcome.ended:
         if obs.pod is not None and not _is_true(status, RUNNING):
@@ -181,6 +182,14 @@ def plan(obs: Observed) -> Plan:
             resume_step=resume if resume is not None else status.resume_step,
             next_attempt_time=None,
         )
+        if outcome.decide_at is not None:  # an image pull the kubelet is still retrying
+            new = new.model_copy(update={"reason": outcome.reason, "message": outcome.message})
+            wait = max((outcome.decide_at - obs.now).total_seconds(), 0.0) + 1.0
+            return Plan(new, requeue_after=wait)
+        if status.reason == IMAGE_PULL_RETRYING:  # the pull went through: back to the start's
+            running = next((c for c in status.conditions if c.type == RUNNING), None)
+            if running is not None:
+                new = new.model_copy(update={"reason": running.reason, "message": running.message})
         return Plan(new)
     return _ended(status, obs, outcome, current)
 
