@@ -28,7 +28,12 @@ from kubernetes import client, config, watch
 
 from tests import localenv
 from tests.benchutil import cpu_seconds, write_section
-from tests.integration.support import OperatorProcess, credentials_secret, trainingrun
+from tests.integration.support import (
+    OperatorProcess,
+    container_status,
+    credentials_secret,
+    trainingrun,
+)
 from trainingrun import api
 
 REPO = Path(__file__).resolve().parent.parent
@@ -157,6 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         failed_at: dict[str, float] = {}
         cpu_before = cpu_seconds(op.proc.pid)
         interval = 1.0 / args.rate
+        exited = {"terminated": {"exitCode": 1, "reason": "Error"}}
         t_start = time.monotonic()
         for i, name in enumerate(names):
             target = t_start + i * interval
@@ -167,16 +173,7 @@ def main(argv: list[str] | None = None) -> int:
                 {
                     "status": {
                         "phase": "Failed",
-                        "containerStatuses": [
-                            {
-                                "name": "trainer",
-                                "ready": False,
-                                "restartCount": 0,
-                                "image": "example.invalid/trainer:1",
-                                "imageID": "",
-                                "state": {"terminated": {"exitCode": 1, "reason": "Error"}},
-                            }
-                        ],
+                        "containerStatuses": [container_status("trainer", exited)],
                     }
                 },
                 _preload_content=False,

@@ -235,16 +235,7 @@ class Runs:
             "exitCode": exit_code,
             "reason": reason or ("Completed" if exit_code == 0 else "Error"),
         }
-        statuses = [
-            {
-                "name": container,
-                "ready": False,
-                "restartCount": 0,
-                "image": "example.invalid/trainer:1",
-                "imageID": "",
-                "state": {"terminated": term},
-            }
-        ]
+        statuses = [container_status(container, {"terminated": term})]
         key = "containerStatuses"
         if container != "trainer":
             key = "initContainerStatuses"
@@ -262,18 +253,8 @@ class Runs:
     ) -> None:
         """Writes the trainer waiting on an image pull, as the kubelet does while it retries;
         with ``scheduled_ago_s``, also moves the pod's PodScheduled time that far back."""
-        status: dict[str, Any] = {
-            "containerStatuses": [
-                {
-                    "name": "trainer",
-                    "ready": False,
-                    "restartCount": 0,
-                    "image": "example.invalid/trainer:1",
-                    "imageID": "",
-                    "state": {"waiting": {"reason": reason, "message": message}},
-                }
-            ]
-        }
+        waiting = {"waiting": {"reason": reason, "message": message}}
+        status: dict[str, Any] = {"containerStatuses": [container_status("trainer", waiting)]}
         if scheduled_ago_s is not None:
             at = datetime.now(UTC) - timedelta(seconds=scheduled_ago_s)
             status["conditions"] = [
@@ -290,6 +271,18 @@ class Runs:
             if c.name == container:
                 return {e.name: e.value for e in c.env or [] if e.value is not None}
         raise AssertionError(f"no container {container} in {pod.metadata.name}")
+
+
+def container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    """A container's status entry, not ready, in ``state``, as the kubelet writes it."""
+    return {
+        "name": name,
+        "ready": False,
+        "restartCount": 0,
+        "image": "example.invalid/trainer:1",
+        "imageID": "",
+        "state": state,
+    }
 
 
 def commit_checkpoint(
