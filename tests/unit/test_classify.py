@@ -2,7 +2,9 @@
 
 Covers every row of the table in ``trainingrun.decide.classify`` and the cases around them:
 
-- trainer exit 0 (or pod Succeeded) -> Succeeded, also on a noticed or failing node;
+- trainer exit 0 (or pod Succeeded) -> Succeeded, also on a noticed or failing node; while the
+  pod still runs (its sidecar commits the last checkpoint) on a Ready node -> NotEnded
+  "Finishing";
 - non-zero exit -> Failed "Error" (with the termination message), OOMKilled, a failed user
   init container, a failed pod without container statuses;
 - DisruptionTarget with each reason the control plane sets -> Preempted with that reason once
@@ -119,6 +121,44 @@ CASES = [
             make_node().not_ready().build(),
         ),
         id="trainer-exit-0-on-not-ready-node-still-succeeds",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().trainer_exited(0, phase="Running").build(),
+            End.NOT_ENDED,
+            "Finishing",
+            ready_node,
+            message_has="commits the last checkpoint",
+        ),
+        id="trainer-exit-0-while-the-sidecar-still-commits-is-finishing",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().trainer_exited(0, phase="Running").build(),
+            End.SUCCEEDED,
+            "Succeeded",
+            make_node().not_ready().build(),
+        ),
+        id="trainer-exit-0-with-the-sidecar-up-on-a-not-ready-node-succeeds",
+    ),
+    pytest.param(
+        Case(
+            make_pod().running().trainer_exited(0, phase="Running").build(),
+            End.SUCCEEDED,
+            "Succeeded",
+            None,
+            node_deleted=True,
+        ),
+        id="trainer-exit-0-with-the-sidecar-up-on-a-deleted-node-succeeds",
+    ),
+    pytest.param(
+        Case(
+            removed(make_pod().running().trainer_exited(0, phase="Running").build()),
+            End.SUCCEEDED,
+            "Succeeded",
+            ready_node,
+        ),
+        id="trainer-exit-0-then-the-pod-removed-succeeds",
     ),
     # -- Failed -----------------------------------------------------------------------------
     pytest.param(

@@ -15,6 +15,8 @@ Covers:
 - a pod missing while ``activePod`` names it is a preemption; one not created yet is not;
 - an image pull error keeps the run Running with reason ImagePullRetrying and a requeue for the
   end of the grace, then fails it; a pull that goes through gives the start its reason back;
+- success waits until the pod has ended (the sidecar's last commit), then records that
+  checkpoint;
 - success, an exhausted restart budget and a permanent error finish the run with the matching
   conditions, phase and Event; finished runs are left alone;
 - a bad checkpoint is recorded and the next attempt starts at once; the latest checkpoint
@@ -400,6 +402,25 @@ def test_missing_pod_not_created_yet_is_not_a_preemption() -> None:
 
 
 # -- success and finished runs ------------------------------------------------------------
+
+
+def test_success_waits_for_the_sidecars_last_commit() -> None:
+    run = make_run("r1").with_checkpoint(400)
+    d, pod = _launched(run, resume_step=400)
+    node = make_node().build()
+
+    p = d.pass_(pod_from(pod).running().trainer_exited(0, phase="Running").build(), node=node)
+
+    assert p.status.phase == PHASE_RUNNING
+    assert (p.create_attempt, p.delete_pod, p.events) == (None, None, [])
+
+    run.with_checkpoint(500)  # the sidecar committed the final checkpoint, then stopped
+    p = d.pass_(pod_from(pod).trainer_exited(0).build(), node=node)
+
+    assert p.status.phase == PHASE_SUCCEEDED
+    assert p.status.latest_checkpoint is not None
+    assert p.status.latest_checkpoint.step == 500
+    assert p.delete_pod is None
 
 
 def test_success_finishes_the_run() -> None:

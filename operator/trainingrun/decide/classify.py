@@ -2,7 +2,7 @@
 
 | seen                                                         | class         |
 | ------------------------------------------------------------ | ------------- |
-| trainer exited 0                                             | Succeeded     |
+| trainer exited 0, and the pod ended too (or its node is gone) | Succeeded     |
 | DisruptionTarget (once the pod stopped, or its node is gone), | Preempted     |
 | node gone or NotReady, reason Shutdown/...                   |               |
 | pod deleted by someone else (gone, or stopped while deleting) | Preempted     |
@@ -156,6 +156,14 @@ def classify(
     trainer_status = _container_status(pod, TRAINER_CONTAINER)
     trainer = _terminated(trainer_status)
     if trainer and trainer.get("exitCode") == 0 and phase != "Failed":
+        if phase != "Succeeded" and not removed and _node_alive(node, node_deleted):
+            # The kubelet now stops the sync sidecar, which commits the last checkpoint first:
+            # the run ends with the pod, so its status names that checkpoint.
+            return Outcome(
+                End.NOT_ENDED,
+                "Finishing",
+                "the trainer exited 0; the sidecar commits the last checkpoint",
+            )
         return Outcome(End.SUCCEEDED, "Succeeded", "the trainer exited 0")
     if phase == "Succeeded":
         return Outcome(End.SUCCEEDED, "Succeeded", "the pod succeeded")
