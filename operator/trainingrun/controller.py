@@ -300,7 +300,8 @@ class Reconciler:
         # the passes of the runs with a pod on it (each annotates its own pod).
         self._run_notice_taints: dict[tuple[str, str], frozenset[str]] = {}
         self._notice_lock = threading.Lock()
-        self._name_taken_said: dict[tuple[str, str, str], float] = {}
+        # Per run: the PodNameTaken message said last, and when (monotonic).
+        self._name_taken_said: dict[tuple[str, str], tuple[str, float]] = {}
         self.metrics = OperatorMetrics()
         self.metrics.count_runs_with(self._phases)
         self.events = EventPoster(kube, self.metrics)
@@ -312,6 +313,7 @@ class Reconciler:
     def forget(self, namespace: str, name: str) -> None:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
+        self._name_taken_said.pop((namespace, name), None)
         self.runs.gone((namespace, name), None)
 
     def _phases(self) -> list[str]:
@@ -653,12 +655,12 @@ class Reconciler:
         )
         message = f"pod {meta.get('name')} exists and is not this run's ({whose}): {going}"
         rmeta = run["metadata"]
-        key = (rmeta["namespace"], rmeta["name"], message)
+        key = (rmeta["namespace"], rmeta["name"])
         now = time.monotonic()
-        if now - self._name_taken_said.get(key, -NAME_TAKEN_REPEAT_SECONDS) >= (
-            NAME_TAKEN_REPEAT_SECONDS
-        ):  # said again once a minute while it lasts, not at every retry
-            self._name_taken_said[key] = now
+        said, at = self._name_taken_said.get(key, ("", 0.0))
+        # Said again once a minute while it lasts, not at every retry; at once when it changes.
+        if said != message or now - at >= NAME_TAKEN_REPEAT_SECONDS:
+            self._name_taken_said[key] = (message, now)
             log.warning("%s/%s: %s", rmeta["namespace"], rmeta["name"], message)
             self.events.post(run, "Warning", "PodNameTaken", message)
         # The other pod is not watched (no run label, or another run's UID): poll for it to go.
