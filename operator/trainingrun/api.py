@@ -19,7 +19,6 @@ KIND = "TrainingRun"
 PLURAL = "trainingruns"
 SINGULAR = "trainingrun"
 SHORT_NAMES = ["trun", "truns"]
-TRAINER_CONTAINER = "trainer"
 
 # Spot notice taints of the common node termination handlers and cloud providers.
 DEFAULT_NOTICE_TAINTS = [

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from trainingrun import __version__
+from trainingrun import contract as c
 
 
 def _limit_malloc_arenas() -> None:
@@ -102,24 +103,22 @@ def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
     from trainingrun.transfer import MiB, TransferSettings
 
     try:
-        run = parse_uri(_env(env, "TRAININGRUN_STORAGE_URI"))
+        run = parse_uri(_env(env, c.ENV_STORAGE_URI))
     except ValueError as e:
-        raise SettingsError(f"TRAININGRUN_STORAGE_URI: {e}") from None
-    bandwidth = env.get("TRAININGRUN_MAX_BANDWIDTH_MBPS")
-    part = int(_number(env, "TRAININGRUN_PART_SIZE_MB", "16", minimum=5) * MiB)
+        raise SettingsError(f"{c.ENV_STORAGE_URI}: {e}") from None
+    bandwidth = env.get(c.ENV_MAX_BANDWIDTH_MBPS)
+    part = int(_number(env, c.ENV_PART_SIZE_MB, "16", minimum=5) * MiB)
     transfer = TransferSettings(
         part_size=part,
         multipart_threshold=part,
-        concurrency=int(_number(env, "TRAININGRUN_CONCURRENCY", "16", minimum=1)),
+        concurrency=int(_number(env, c.ENV_CONCURRENCY, "16", minimum=1)),
         max_bytes_per_second=(
-            _number(env, "TRAININGRUN_MAX_BANDWIDTH_MBPS", "0", minimum=0.1) * MiB
-            if bandwidth
-            else None
+            _number(env, c.ENV_MAX_BANDWIDTH_MBPS, "0", minimum=0.1) * MiB if bandwidth else None
         ),
     )
     client = make_client(
-        endpoint=env.get("AWS_ENDPOINT_URL") or None,
-        region=env.get("AWS_REGION") or None,
+        endpoint=env.get(c.ENV_AWS_ENDPOINT_URL) or None,
+        region=env.get(c.ENV_AWS_REGION) or None,
         max_pool_connections=2 * transfer.concurrency + 4,
     )
     return Store(client, run.bucket), run, transfer
@@ -128,10 +127,10 @@ def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
 def _serve_metrics(env: Mapping[str, str], registry: Any) -> None:
     from prometheus_client import start_http_server
 
-    port = int(_number(env, "TRAININGRUN_METRICS_PORT", "9091"))
+    port = int(_number(env, c.ENV_METRICS_PORT, "9091"))
     if not port:
         return
-    address = env.get("TRAININGRUN_METRICS_ADDRESS") or "0.0.0.0"  # noqa: S104 - scraped in-pod
+    address = env.get(c.ENV_METRICS_ADDRESS) or "0.0.0.0"  # noqa: S104 - scraped in-pod
     try:
         start_http_server(port, address, registry=registry)
     except OSError as e:  # a taken port must not stop the checkpoints
@@ -155,21 +154,21 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
     _agent_logging(args.verbose)
     try:
         store, run, transfer = _agent_common(env)
-        podinfo = env.get("TRAININGRUN_PODINFO_DIR")
+        podinfo = env.get(c.ENV_PODINFO_DIR)
         settings = sync.SyncSettings(
-            checkpoint_dir=Path(_env(env, "TRAININGRUN_CHECKPOINT_DIR")),
+            checkpoint_dir=Path(_env(env, c.ENV_CHECKPOINT_DIR)),
             run=run,
-            keep=int(_number(env, "TRAININGRUN_KEEP", "3", minimum=1)),
-            quiet_seconds=_number(env, "TRAININGRUN_QUIET_SECONDS", "10"),
-            drain_seconds=_number(env, "TRAININGRUN_DRAIN_SECONDS", "60"),
-            checksum=_env(env, "TRAININGRUN_CHECKSUM", "auto"),
+            keep=int(_number(env, c.ENV_KEEP, "3", minimum=1)),
+            quiet_seconds=_number(env, c.ENV_QUIET_SECONDS, "10"),
+            drain_seconds=_number(env, c.ENV_DRAIN_SECONDS, "60"),
+            checksum=_env(env, c.ENV_CHECKSUM, "auto"),
             transfer=transfer,
             podinfo_dir=Path(podinfo) if podinfo else None,
         )
-        nice = int(_number(env, "TRAININGRUN_SYNC_NICE", "10"))
+        nice = int(_number(env, c.ENV_SYNC_NICE, "10"))
     except SettingsError as e:
         print(f"trainingrun sync: {e}", file=sys.stderr)
-        return 2
+        return c.EXIT_USAGE
     os.nice(nice)  # the trainer comes first for CPU
     metrics = sync.Metrics()
     _serve_metrics(env, metrics.registry)
@@ -182,19 +181,19 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
     _agent_logging(args.verbose)
     try:
         store, run, transfer = _agent_common(env)
-        raw_step = _env(env, "TRAININGRUN_RESTORE_STEP")
+        raw_step = _env(env, c.ENV_RESTORE_STEP)
         if not (raw_step.isascii() and raw_step.isdigit()):  # "²".isdigit() is True
-            raise SettingsError(f"TRAININGRUN_RESTORE_STEP={raw_step!r} is not a step number")
+            raise SettingsError(f"{c.ENV_RESTORE_STEP}={raw_step!r} is not a step number")
         settings = restore.RestoreSettings(
-            checkpoint_dir=Path(_env(env, "TRAININGRUN_CHECKPOINT_DIR")),
+            checkpoint_dir=Path(_env(env, c.ENV_CHECKPOINT_DIR)),
             run=run,
             step=int(raw_step),
             transfer=transfer,
-            termination_log=Path(_env(env, "TRAININGRUN_TERMINATION_LOG", "/dev/termination-log")),
+            termination_log=Path(_env(env, c.ENV_TERMINATION_LOG, "/dev/termination-log")),
         )
     except SettingsError as e:
         print(f"trainingrun restore: {e}", file=sys.stderr)
-        return 2
+        return c.EXIT_USAGE
     metrics = restore.Metrics()
     _serve_metrics(env, metrics.registry)
     return restore.main(store, settings, metrics)

@@ -31,10 +31,10 @@ from pydantic import ValidationError
 
 from trainingrun import api
 from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
-from trainingrun.decide.classify import NOTICE_ANNOTATION, classify, node_not_ready, node_notice
+from trainingrun.contract import ANNOTATION_NOTICE as NOTICE_ANNOTATION
+from trainingrun.contract import LABEL_ATTEMPT, LABEL_RUN
+from trainingrun.decide.classify import classify, node_not_ready, node_notice
 from trainingrun.decide.pod import (
-    LABEL_ATTEMPT,
-    LABEL_RUN,
     AgentSettings,
     RunRef,
     build_pod,

@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from trainingrun import api
+from trainingrun.contract import TRAINER_CONTAINER
 
 # The pod template is kept open (any PodTemplateSpec field is allowed and the API server checks
 # the real pod at creation), but the parts the operator and the CEL rules rely on are typed.
@@ -53,15 +54,15 @@ TEMPLATE_SCHEMA: dict[str, Any] = {
 RULES: dict[str, list[dict[str, str]]] = {
     "template": [
         {
-            "rule": f"self.spec.containers.exists(c, c.name == '{api.TRAINER_CONTAINER}')",
+            "rule": f"self.spec.containers.exists(c, c.name == '{TRAINER_CONTAINER}')",
             "message": (
                 "spec.template.spec.containers must include a container named "
-                f"'{api.TRAINER_CONTAINER}': the operator resumes that container"
+                f"'{TRAINER_CONTAINER}': the operator resumes that container"
             ),
         },
         {
             "rule": (
-                f"self.spec.containers.all(c, c.name != '{api.TRAINER_CONTAINER}' || "
+                f"self.spec.containers.all(c, c.name != '{TRAINER_CONTAINER}' || "
                 "(has(c.image) && c.image != ''))"
             ),
             "message": "spec.template.spec.containers[name=trainer].image must be set",

@@ -53,22 +53,20 @@ from typing import Any
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainingrun import local
+from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
 from trainingrun.manifest import checkpoint_dirname
 
 log = logging.getLogger("trainingrun.hf")
 
-# 128 + SIGTERM: what a shell reports for a process SIGTERM ended.
-EXIT_STOPPED = 128 + signal.SIGTERM
-
 
 def resume_checkpoint() -> str | None:
     """The restored checkpoint folder to resume from, or None on a fresh start."""
-    path = os.environ.get("TRAININGRUN_RESUME_FROM", "")
+    path = os.environ.get(ENV_RESUME_FROM, "")
     if not path:
         return None
     if not Path(path).is_dir():
         raise FileNotFoundError(
-            f"TRAININGRUN_RESUME_FROM={path} is not a folder: the restore init container puts the "
+            f"{ENV_RESUME_FROM}={path} is not a folder: the restore init container puts the "
             "checkpoint there; check that the trainer container mounts the checkpoint volume at "
             "spec.checkpoint.localPath"
         )
@@ -83,7 +81,7 @@ class TrainingRunCallback(TrainerCallback):
     """
 
     def __init__(self, checkpoint_dir: str | Path | None = None) -> None:
-        configured = checkpoint_dir or os.environ.get("TRAININGRUN_CHECKPOINT_DIR") or None
+        configured = checkpoint_dir or os.environ.get(ENV_CHECKPOINT_DIR) or None
         self.checkpoint_dir = Path(configured) if configured else None
         self.stop_reason: str | None = None  # why training was asked to stop early, if it was
         self.finished = False  # reached max_steps

@@ -18,6 +18,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trainingrun import api
+from trainingrun.contract import rfc3339
 
 
 class Invalid(Exception):
@@ -181,7 +182,7 @@ class Kube:
 
     def event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
         meta = run["metadata"]
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = rfc3339(datetime.now(UTC))
         body = {
             "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
             "involvedObject": {

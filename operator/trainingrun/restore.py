@@ -8,7 +8,7 @@ Object names that would escape the folder are refused before anything is written
 Exit codes (documented in docs/, read by the operator):
 
 - 0: restored and verified.
-- 3 (``RESTORE_EXIT_CHECKPOINT_BAD``): the checkpoint is not usable: not committed, its
+- 3 (``contract.EXIT_CHECKPOINT_BAD``): the checkpoint is not usable: not committed, its
   ``MANIFEST.json`` missing or malformed, an object missing, short, or with a wrong checksum, or
   a name escaping the folder. The termination message names the checkpoint and the file; the
   operator marks the step bad and resubmits from the previous committed one.
@@ -28,7 +28,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from trainingrun import checksum, local
-from trainingrun.decide.classify import RESTORE_EXIT_CHECKPOINT_BAD
+from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_ERROR, EXIT_OK
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
@@ -50,10 +50,6 @@ from trainingrun.transfer import (
 )
 
 log = logging.getLogger("trainingrun.restore")
-
-EXIT_OK = 0
-EXIT_ERROR = 1
-EXIT_USAGE = 2
 
 
 class CheckpointBad(Exception):
@@ -177,7 +173,7 @@ def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
     except CheckpointBad as e:
         metrics.failures.labels("CheckpointBad").inc()
         message = f"checkpoint bad: {e}"
-        code = RESTORE_EXIT_CHECKPOINT_BAD
+        code = EXIT_CHECKPOINT_BAD
     except StorageError as e:
         metrics.failures.labels(type(e).__name__).inc()
         message = f"restore failed: {e}"

@@ -20,7 +20,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
-from trainingrun.decide.pod import CREDENTIAL_KEYS
+from trainingrun.contract import CREDENTIAL_KEYS
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,

@@ -28,7 +28,6 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -39,7 +38,7 @@ from watchdog.observers import Observer
 
 from trainingrun import checksum, local
 from trainingrun.checksum import Algorithm
-from trainingrun.decide.classify import NOTICE_ANNOTATION
+from trainingrun.contract import ANNOTATION_NOTICE, now_rfc3339_micro
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
@@ -84,10 +83,6 @@ CAS_ATTEMPTS = 20
 # Failures that retrying does not fix; the loop still retries them slowly (someone may fix the
 # bucket or the Secret), but a drain does not wait for them.
 PERMANENT = (StorageAccessDenied, NotFound, StorageRejected, ManifestError)
-
-
-def now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +468,7 @@ class Sync:
     def check_notice(self) -> None:
         if self.notice_sent or self.s.podinfo_dir is None:
             return
-        notice = read_annotation(self.s.podinfo_dir / "annotations", NOTICE_ANNOTATION)
+        notice = read_annotation(self.s.podinfo_dir / "annotations", ANNOTATION_NOTICE)
         if notice:
             log.info("preemption notice (%s): asking the trainer to save now", notice)
             self.notice_sent = True  # once: a request that cannot be written is not retried
@@ -545,13 +540,13 @@ class Sync:
                 FileEntry(path=rel, size=size, checksum_algorithm=algo.name, checksum=sums[key])
             )
         manifest = CheckpointManifest(
-            version=MANIFEST_VERSION, step=ckpt.step, files=entries, created=now_rfc3339()
+            version=MANIFEST_VERSION, step=ckpt.step, files=entries, created=now_rfc3339_micro()
         )
         self.committer.write_checkpoint_manifest(manifest)
         entry = ManifestEntry(
             step=ckpt.step,
             prefix=checkpoint_prefix(ckpt.step),
-            committed=now_rfc3339(),
+            committed=now_rfc3339_micro(),
             files=len(entries),
             bytes=total,
         )

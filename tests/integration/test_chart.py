@@ -31,7 +31,7 @@ from tests.chart import rbac
 from tests.integration.support import Runs, credentials_secret, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from trainingrun import api
-from trainingrun.decide.classify import NOTICE_ANNOTATION
+from trainingrun.contract import ANNOTATION_NOTICE
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "trainingrun"
 
@@ -254,7 +254,7 @@ def test_operator_runs_as_the_charts_service_account(
             {"spec": {"taints": [{"key": "karpenter.sh/disrupted", "effect": "NoSchedule"}]}},
         )
         wait_for(
-            lambda: NOTICE_ANNOTATION in (runs.pod("r-1").metadata.annotations or {}),
+            lambda: ANNOTATION_NOTICE in (runs.pod("r-1").metadata.annotations or {}),
             30,
             "the notice annotation on r-1",
         )

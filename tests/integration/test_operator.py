@@ -33,11 +33,9 @@ from tests.integration.support import (
     wait_for,
 )
 from tests.localenv import KWOK_NODE_ANNOTATION, LocalEnv
-from trainingrun.decide.classify import NOTICE_ANNOTATION
+from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
 
 pytestmark = pytest.mark.usefixtures("operator")
-
-RESTORE_EXIT_CHECKPOINT_BAD = 3
 
 
 def run_key(prefix: str, namespace: str, name: str) -> str:
@@ -160,7 +158,7 @@ def test_notice_taint_of_the_run_reaches_its_pod_and_makes_the_end_a_preemption(
         node, {"spec": {"taints": [{"key": "example.com/reclaim", "effect": "NoSchedule"}]}}
     )
     notice = wait_for(
-        lambda: (runs.pod("noticed-1").metadata.annotations or {}).get(NOTICE_ANNOTATION),
+        lambda: (runs.pod("noticed-1").metadata.annotations or {}).get(ANNOTATION_NOTICE),
         30,
         "the notice annotation on noticed-1",
     )
@@ -293,9 +291,7 @@ def test_checkpoint_reported_corrupt_by_restore_is_marked_bad(
     runs.wait_status("corrupt", lambda s: s.get("activePod") == "corrupt-2", 30, "attempt 2")
     assert runs.env_of(runs.pod("corrupt-2"))["TRAININGRUN_RESUME_STEP"] == "6"
     runs.wait_pod_running("corrupt-2")
-    runs.end_pod(
-        "corrupt-2", RESTORE_EXIT_CHECKPOINT_BAD, reason="Error", container="trainingrun-restore"
-    )
+    runs.end_pod("corrupt-2", EXIT_CHECKPOINT_BAD, reason="Error", container="trainingrun-restore")
     status = runs.wait_status(
         "corrupt", lambda s: s.get("activePod") == "corrupt-3", 30, "attempt 3"
     )

@@ -36,7 +36,7 @@ from tests.integration.support import wait_for
 from tests.localenv import free_ports
 from trainingrun import local
 from trainingrun.checksum import CRC64NVME
-from trainingrun.decide.classify import NOTICE_ANNOTATION, RESTORE_EXIT_CHECKPOINT_BAD
+from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
 from trainingrun.manifest import ManifestEntry, checkpoint_prefix
 from trainingrun.storage import Credentials, Location, Store, make_client
 from trainingrun.sync import Capabilities, Committer
@@ -313,7 +313,7 @@ def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
             TRAININGRUN_TERMINATION_LOG=str(term),
         )
     )
-    assert result.returncode == RESTORE_EXIT_CHECKPOINT_BAD, result.stderr
+    assert result.returncode == EXIT_CHECKPOINT_BAD, result.stderr
     message = term.read_text()
     assert "checkpoint-10" in message and "model.safetensors" in message
     assert "checksum" in message
@@ -407,7 +407,7 @@ def test_name_escaping_the_folder_is_refused(s3: S3, run_key: str, tmp_path: Pat
             TRAININGRUN_TERMINATION_LOG=str(tmp_path / "term"),
         )
     )
-    assert result.returncode == RESTORE_EXIT_CHECKPOINT_BAD, result.stderr
+    assert result.returncode == EXIT_CHECKPOINT_BAD, result.stderr
     assert "'../../x'" in (tmp_path / "term").read_text()
     assert not list(tmp_path.rglob("x"))
 
@@ -472,7 +472,7 @@ def test_preemption_notice_becomes_a_save_request(
     # Prepared before the trainer starts, writable whichever users the containers run as.
     assert (ckdir / local.CONTROL_DIR).stat().st_mode & 0o777 == 0o777
     (podinfo / "annotations").write_text(
-        f'kubectl.kubernetes.io/last-applied="{{}}"\n{NOTICE_ANNOTATION}="karpenter.sh/disrupted"\n'
+        f'kubectl.kubernetes.io/last-applied="{{}}"\n{ANNOTATION_NOTICE}="karpenter.sh/disrupted"\n'
     )
     reason = wait_for(lambda: local.save_requested(ckdir), 30, "save-now request")
     assert "karpenter.sh/disrupted" in reason

@@ -21,13 +21,17 @@ from datetime import UTC, datetime
 from typing import Any, Self
 
 from trainingrun.api import (
-    TRAINER_CONTAINER,
     CheckpointRef,
     RestartPolicySpec,
     TrainingRunSpec,
     TrainingRunStatus,
 )
-from trainingrun.decide.classify import NOTICE_ANNOTATION, RESTORE_CONTAINER, SYNC_CONTAINER
+from trainingrun.contract import (
+    ANNOTATION_NOTICE,
+    RESTORE_CONTAINER,
+    SYNC_CONTAINER,
+    TRAINER_CONTAINER,
+)
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.reconcile import Observed
 from trainingrun.manifest import checkpoint_prefix
@@ -277,7 +281,7 @@ class PodBuilder:
         return self
 
     def with_notice_annotation(self, value: str = "rebalance recommendation") -> Self:
-        return self.annotated(NOTICE_ANNOTATION, value)
+        return self.annotated(ANNOTATION_NOTICE, value)
 
     def running(self) -> Self:
         """Scheduled on ``n1`` (unless placed already), sync sidecar and trainer running."""

@@ -37,10 +37,9 @@ import pytest
 
 from tests.unit.builders import make_node, make_pod
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
+from trainingrun.contract import EXIT_CHECKPOINT_BAD, SYNC_CONTAINER
 from trainingrun.decide.classify import (
     IMAGE_PULL_GRACE_SECONDS,
-    RESTORE_EXIT_CHECKPOINT_BAD,
-    SYNC_CONTAINER,
     End,
     Outcome,
     classify,
@@ -488,9 +487,7 @@ CASES = [
     pytest.param(
         Case(
             make_pod()
-            .restore_exited(
-                RESTORE_EXIT_CHECKPOINT_BAD, message="model.safetensors: checksum mismatch\n"
-            )
+            .restore_exited(EXIT_CHECKPOINT_BAD, message="model.safetensors: checksum mismatch\n")
             .build(),
             End.CHECKPOINT_BAD,
             "CheckpointBad",
@@ -501,7 +498,7 @@ CASES = [
     ),
     pytest.param(
         Case(
-            make_pod().restore_exited(RESTORE_EXIT_CHECKPOINT_BAD).build(),
+            make_pod().restore_exited(EXIT_CHECKPOINT_BAD).build(),
             End.CHECKPOINT_BAD,
             "CheckpointBad",
             ready_node,

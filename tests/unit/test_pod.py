@@ -26,9 +26,8 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import BUCKET_URI, NAMESPACE, RunBuilder, make_run
-from trainingrun.api import GROUP, KIND, TRAINER_CONTAINER, VERSION
-from trainingrun.decide.classify import RESTORE_CONTAINER, SYNC_CONTAINER
-from trainingrun.decide.pod import (
+from trainingrun.api import GROUP, KIND, VERSION
+from trainingrun.contract import (
     ANNOTATION_RESUME_STEP,
     CHECKPOINT_VOLUME,
     CREDENTIAL_KEYS,
@@ -36,6 +35,11 @@ from trainingrun.decide.pod import (
     LABEL_RUN,
     PODINFO_DIR,
     PODINFO_VOLUME,
+    RESTORE_CONTAINER,
+    SYNC_CONTAINER,
+    TRAINER_CONTAINER,
+)
+from trainingrun.decide.pod import (
     AgentSettings,
     build_pod,
     owned_by,

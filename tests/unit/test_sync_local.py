@@ -42,7 +42,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from trainingrun import local, transfer
-from trainingrun.decide.classify import NOTICE_ANNOTATION
+from trainingrun.contract import ANNOTATION_NOTICE
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE
 from trainingrun.storage import Location, Store
 from trainingrun.sync import LocalCheckpoint, Sync, SyncSettings, read_annotation, scan
@@ -354,7 +354,7 @@ def test_share_makes_a_restored_tree_writable_by_every_container(tmp_path: Path)
 
 def _sync_with_notice(tmp_path: Path) -> Sync:
     podinfo = tmp_path / "podinfo"
-    _write(podinfo / "annotations", f'{NOTICE_ANNOTATION}="spot-itn"\n'.encode())
+    _write(podinfo / "annotations", f'{ANNOTATION_NOTICE}="spot-itn"\n'.encode())
     settings = SyncSettings(
         checkpoint_dir=tmp_path / "ckpt", run=Location("bucket", "runs"), podinfo_dir=podinfo
     )

@@ -21,13 +21,13 @@ from datetime import datetime, timedelta
 from enum import Enum
 from typing import Any
 
-from trainingrun.api import TRAINER_CONTAINER
-
-RESTORE_CONTAINER = "trainingrun-restore"
-SYNC_CONTAINER = "trainingrun-sync"
-# The restore exits with this code when the chosen checkpoint fails verification.
-RESTORE_EXIT_CHECKPOINT_BAD = 3
-NOTICE_ANNOTATION = "trainingrun.dev/preemption-notice"
+from trainingrun.contract import (
+    ANNOTATION_NOTICE,
+    EXIT_CHECKPOINT_BAD,
+    RESTORE_CONTAINER,
+    TIME_FORMAT,
+    TRAINER_CONTAINER,
+)
 
 PREEMPTING_POD_REASONS = frozenset({"Shutdown", "Evicted", "NodeLost", "Terminated", "Preempting"})
 PERMANENT_WAITING_REASONS = frozenset(
@@ -149,7 +149,7 @@ def classify(
         return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
 
     restore = _terminated(_container_status(pod, RESTORE_CONTAINER))
-    if restore and restore.get("exitCode") == RESTORE_EXIT_CHECKPOINT_BAD:
+    if restore and restore.get("exitCode") == EXIT_CHECKPOINT_BAD:
         msg = str(restore.get("message") or "restore found the checkpoint corrupt")
         return Outcome(End.CHECKPOINT_BAD, "CheckpointBad", msg.strip())
 
@@ -185,7 +185,7 @@ def classify(
             if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
                 deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)
                 if now < deadline:
-                    until = deadline.strftime("%Y-%m-%dT%H:%M:%SZ")
+                    until = deadline.strftime(TIME_FORMAT)
                     return Outcome(
                         End.NOT_ENDED,
                         IMAGE_PULL_RETRYING,
@@ -204,7 +204,7 @@ def classify(
         return Outcome(End.PREEMPTED, "NodeNotReady", "the pod's node is not ready")
 
     if phase == "Failed" or trainer:
-        notice = (meta.get("annotations") or {}).get(NOTICE_ANNOTATION)
+        notice = (meta.get("annotations") or {}).get(ANNOTATION_NOTICE)
         notice = notice or node_notice(node, notice_taints)
         if notice:
             return Outcome(

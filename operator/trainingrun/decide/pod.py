@@ -13,20 +13,9 @@ import copy
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainingrun.api import GROUP, KIND, TRAINER_CONTAINER, VERSION, TrainingRunSpec
-from trainingrun.decide.classify import RESTORE_CONTAINER, SYNC_CONTAINER
+from trainingrun import contract as c
+from trainingrun.api import GROUP, KIND, VERSION, TrainingRunSpec
 from trainingrun.manifest import checkpoint_dirname, checkpoint_prefix
-
-LABEL_RUN = "trainingrun.dev/run"
-LABEL_ATTEMPT = "trainingrun.dev/attempt"
-ANNOTATION_RESUME_STEP = "trainingrun.dev/resume-step"
-CHECKPOINT_VOLUME = "trainingrun-checkpoints"
-# The pod's annotations as a downward API file: how the sync sidecar sees the preemption notice
-# the operator writes, without any Kubernetes API access of its own.
-PODINFO_VOLUME = "trainingrun-podinfo"
-PODINFO_DIR = "/etc/trainingrun/podinfo"
-PODINFO_ANNOTATIONS = "annotations"
-CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
 
 
 @dataclass(frozen=True)
@@ -90,18 +79,18 @@ def _env(name: str, value: str) -> dict[str, Any]:
 def storage_env(run: RunRef) -> list[dict[str, Any]]:
     """Environment that lets sync and restore reach the bucket; secrets by reference only."""
     storage = run.spec.checkpoint.storage
-    env = [_env("TRAININGRUN_STORAGE_URI", run_prefix(run))]
+    env = [_env(c.ENV_STORAGE_URI, run_prefix(run))]
     if storage.endpoint:
-        env.append(_env("AWS_ENDPOINT_URL", storage.endpoint))
+        env.append(_env(c.ENV_AWS_ENDPOINT_URL, storage.endpoint))
     if storage.region:
-        env.append(_env("AWS_REGION", storage.region))
+        env.append(_env(c.ENV_AWS_REGION, storage.region))
     if storage.credentials_secret:
         env.extend(
             {
                 "name": key,
                 "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key}},
             }
-            for key in CREDENTIAL_KEYS
+            for key in c.CREDENTIAL_KEYS
         )
     return env
 
@@ -110,12 +99,12 @@ def trainer_env(run: RunRef, attempt: int, resume: Resume | None) -> list[dict[s
     local = run.spec.checkpoint.local_path
     resume_from = f"{local.rstrip('/')}/{checkpoint_dirname(resume.step)}" if resume else ""
     return [
-        _env("TRAININGRUN_NAME", run.name),
-        _env("TRAININGRUN_ATTEMPT", str(attempt)),
-        _env("TRAININGRUN_CHECKPOINT_DIR", local),
-        _env("TRAININGRUN_RESUME_FROM", resume_from),
-        _env("TRAININGRUN_RESUME_STEP", str(resume.step) if resume else ""),
-        _env("TRAININGRUN_RESUME_URI", resume.uri if resume else ""),
+        _env(c.ENV_NAME, run.name),
+        _env(c.ENV_ATTEMPT, str(attempt)),
+        _env(c.ENV_CHECKPOINT_DIR, local),
+        _env(c.ENV_RESUME_FROM, resume_from),
+        _env(c.ENV_RESUME_STEP, str(resume.step) if resume else ""),
+        _env(c.ENV_RESUME_URI, resume.uri if resume else ""),
     ]
 
 
@@ -125,7 +114,7 @@ def _merge_env(existing: list[dict[str, Any]], ours: list[dict[str, Any]]) -> li
 
 
 def _mount(path: str) -> dict[str, Any]:
-    return {"name": CHECKPOINT_VOLUME, "mountPath": path}
+    return {"name": c.CHECKPOINT_VOLUME, "mountPath": path}
 
 
 def _agent(
@@ -160,23 +149,25 @@ def build_pod(
 
     containers = []
     for original in pod_spec.get("containers") or []:
-        c = dict(original)
-        if c.get("name") == TRAINER_CONTAINER:
-            c["env"] = _merge_env(list(c.get("env") or []), trainer_env(run, attempt, resume))
-            mounts = [m for m in c.get("volumeMounts") or [] if m.get("name") != CHECKPOINT_VOLUME]
-            c["volumeMounts"] = [*mounts, _mount(local)]
-        containers.append(c)
+        container = dict(original)
+        if container.get("name") == c.TRAINER_CONTAINER:
+            env = list(container.get("env") or [])
+            container["env"] = _merge_env(env, trainer_env(run, attempt, resume))
+            mounts = container.get("volumeMounts") or []
+            ours_out = [m for m in mounts if m.get("name") != c.CHECKPOINT_VOLUME]
+            container["volumeMounts"] = [*ours_out, _mount(local)]
+        containers.append(container)
 
     common = storage_env(run)
     sync_env = [
         *common,
-        _env("TRAININGRUN_CHECKPOINT_DIR", local),
-        _env("TRAININGRUN_KEEP", str(spec.checkpoint.keep)),
-        _env("TRAININGRUN_ATTEMPT", str(attempt)),
-        _env("TRAININGRUN_PODINFO_DIR", PODINFO_DIR),
+        _env(c.ENV_CHECKPOINT_DIR, local),
+        _env(c.ENV_KEEP, str(spec.checkpoint.keep)),
+        _env(c.ENV_ATTEMPT, str(attempt)),
+        _env(c.ENV_PODINFO_DIR, c.PODINFO_DIR),
         # The sidecar is stopped after the trainer, within the same grace period.
         _env(
-            "TRAININGRUN_DRAIN_SECONDS",
+            c.ENV_DRAIN_SECONDS,
             str(spec.preemption.termination_grace_period_seconds),
         ),
     ]
@@ -184,27 +175,28 @@ def build_pod(
     if resume:
         restore_env = [
             *common,
-            _env("TRAININGRUN_CHECKPOINT_DIR", local),
-            _env("TRAININGRUN_RESTORE_STEP", str(resume.step)),
+            _env(c.ENV_CHECKPOINT_DIR, local),
+            _env(c.ENV_RESTORE_STEP, str(resume.step)),
         ]
-        init.append(_agent(RESTORE_CONTAINER, settings.restore_command, restore_env, run, settings))
-    sync = _agent(SYNC_CONTAINER, settings.sync_command, sync_env, run, settings)
+        restore = _agent(c.RESTORE_CONTAINER, settings.restore_command, restore_env, run, settings)
+        init.append(restore)
+    sync = _agent(c.SYNC_CONTAINER, settings.sync_command, sync_env, run, settings)
     sync["restartPolicy"] = "Always"  # native sidecar: up before the trainer, down after it
     sync["volumeMounts"].append(
-        {"name": PODINFO_VOLUME, "mountPath": PODINFO_DIR, "readOnly": True}
+        {"name": c.PODINFO_VOLUME, "mountPath": c.PODINFO_DIR, "readOnly": True}
     )
     init.append(sync)
 
-    ours = (CHECKPOINT_VOLUME, PODINFO_VOLUME)
+    ours = (c.CHECKPOINT_VOLUME, c.PODINFO_VOLUME)
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
     labels = {
         **(meta.get("labels") or {}),
-        LABEL_RUN: run.name,
-        LABEL_ATTEMPT: str(attempt),
+        c.LABEL_RUN: run.name,
+        c.LABEL_ATTEMPT: str(attempt),
     }
     annotations = dict(meta.get("annotations") or {})
     if resume:
-        annotations[ANNOTATION_RESUME_STEP] = str(resume.step)
+        annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -232,13 +224,13 @@ def build_pod(
             "containers": containers,
             "volumes": [
                 *volumes,
-                {"name": CHECKPOINT_VOLUME, "emptyDir": {}},
+                {"name": c.CHECKPOINT_VOLUME, "emptyDir": {}},
                 {
-                    "name": PODINFO_VOLUME,
+                    "name": c.PODINFO_VOLUME,
                     "downwardAPI": {
                         "items": [
                             {
-                                "path": PODINFO_ANNOTATIONS,
+                                "path": c.PODINFO_ANNOTATIONS,
                                 "fieldRef": {"fieldPath": "metadata.annotations"},
                             }
                         ]

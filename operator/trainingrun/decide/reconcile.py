@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
+from trainingrun.contract import ANNOTATION_RESUME_STEP, parse_time, rfc3339
 from trainingrun.decide.classify import IMAGE_PULL_RETRYING, Outcome, classify, stops_by_itself
-from trainingrun.decide.pod import ANNOTATION_RESUME_STEP, pod_name
+from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
 
 # Condition types (states) and the phase they imply.
@@ -68,16 +69,6 @@ class Plan:
     delete_pod: str | None = None
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
-
-
-def rfc3339(t: datetime) -> str:
-    return t.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_time(s: str | None) -> datetime | None:
-    if not s:
-        return None
-    return datetime.strptime(s, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC)
 
 
 def set_condition(

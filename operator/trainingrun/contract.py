@@ -1,0 +1,95 @@
+"""The contract between the operator, the pod it builds and the programs in that pod: every
+environment variable name, label, annotation, container and volume name, exit code and time
+format, defined once. The pod builder (``decide.pod``) produces them; classify, the sync
+sidecar, the restore, the HuggingFace integration and the CLI read them from here.
+
+Pure constants and two time helpers; this module imports nothing of the package.
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import UTC, datetime
+
+# -- containers and volumes of an attempt's pod -----------------------------------------------
+
+TRAINER_CONTAINER = "trainer"  # the user's container the operator resumes
+RESTORE_CONTAINER = "trainingrun-restore"  # init container: bucket -> local folder, verified
+SYNC_CONTAINER = "trainingrun-sync"  # native sidecar: local folder -> bucket, committed
+CHECKPOINT_VOLUME = "trainingrun-checkpoints"  # emptyDir shared by the three
+# The pod's annotations as a downward API file: how the sync sidecar sees the preemption notice
+# the operator writes, without any Kubernetes API access of its own.
+PODINFO_VOLUME = "trainingrun-podinfo"
+PODINFO_DIR = "/etc/trainingrun/podinfo"
+PODINFO_ANNOTATIONS = "annotations"
+
+# -- labels and annotations -------------------------------------------------------------------
+
+LABEL_RUN = "trainingrun.dev/run"
+LABEL_ATTEMPT = "trainingrun.dev/attempt"
+# The step an attempt's pod resumes from: the record of it even when a status write was lost.
+ANNOTATION_RESUME_STEP = "trainingrun.dev/resume-step"
+# Set by the operator on a pod whose node carries a notice taint; the sidecar's cue to save.
+ANNOTATION_NOTICE = "trainingrun.dev/preemption-notice"
+
+# -- environment ------------------------------------------------------------------------------
+
+# The trainer container's view of its attempt.
+ENV_NAME = "TRAININGRUN_NAME"
+ENV_ATTEMPT = "TRAININGRUN_ATTEMPT"
+ENV_CHECKPOINT_DIR = "TRAININGRUN_CHECKPOINT_DIR"
+ENV_RESUME_FROM = "TRAININGRUN_RESUME_FROM"  # local folder of the restored checkpoint, or ""
+ENV_RESUME_STEP = "TRAININGRUN_RESUME_STEP"
+ENV_RESUME_URI = "TRAININGRUN_RESUME_URI"
+
+# The agents' (sync and restore) settings, set by the pod builder.
+ENV_STORAGE_URI = "TRAININGRUN_STORAGE_URI"  # the run's prefix: <uri>/<namespace>/<run>
+ENV_KEEP = "TRAININGRUN_KEEP"
+ENV_PODINFO_DIR = "TRAININGRUN_PODINFO_DIR"
+ENV_DRAIN_SECONDS = "TRAININGRUN_DRAIN_SECONDS"
+ENV_RESTORE_STEP = "TRAININGRUN_RESTORE_STEP"
+# Agent tuning, read by the CLI with defaults (an admin may set them in the agent image).
+ENV_PART_SIZE_MB = "TRAININGRUN_PART_SIZE_MB"
+ENV_CONCURRENCY = "TRAININGRUN_CONCURRENCY"
+ENV_MAX_BANDWIDTH_MBPS = "TRAININGRUN_MAX_BANDWIDTH_MBPS"
+ENV_METRICS_PORT = "TRAININGRUN_METRICS_PORT"
+ENV_METRICS_ADDRESS = "TRAININGRUN_METRICS_ADDRESS"
+ENV_QUIET_SECONDS = "TRAININGRUN_QUIET_SECONDS"
+ENV_CHECKSUM = "TRAININGRUN_CHECKSUM"
+ENV_SYNC_NICE = "TRAININGRUN_SYNC_NICE"
+ENV_TERMINATION_LOG = "TRAININGRUN_TERMINATION_LOG"
+
+# The standard AWS variables the agents' S3 client reads; credentials by secretKeyRef only.
+ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
+ENV_AWS_REGION = "AWS_REGION"
+CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+
+# -- exit codes -------------------------------------------------------------------------------
+
+EXIT_OK = 0
+EXIT_ERROR = 1  # anything else: the attempt failed and is retried
+EXIT_USAGE = 2  # an agent's settings are missing or malformed
+# The restore exits with this when the chosen checkpoint fails verification: the operator marks
+# the step bad and falls back to the previous committed one, spending no budget.
+EXIT_CHECKPOINT_BAD = 3
+# A trainer stopped early to be preempted (as if SIGTERM had ended it): never 0.
+EXIT_STOPPED = 128 + signal.SIGTERM
+
+# -- time -------------------------------------------------------------------------------------
+
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"  # RFC 3339 in UTC, as the Kubernetes API writes it
+TIME_FORMAT_MICRO = "%Y-%m-%dT%H:%M:%S.%fZ"  # commit times in the bucket manifest
+
+
+def rfc3339(t: datetime) -> str:
+    return t.astimezone(UTC).strftime(TIME_FORMAT)
+
+
+def parse_time(s: str | None) -> datetime | None:
+    if not s:
+        return None
+    return datetime.strptime(s, TIME_FORMAT).replace(tzinfo=UTC)
+
+
+def now_rfc3339_micro() -> str:
+    return datetime.now(UTC).strftime(TIME_FORMAT_MICRO)
