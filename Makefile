@@ -8,11 +8,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
-.PHONY: help venv tools cluster cluster-down cluster-status demo crds crds-check api-docs \
-	api-docs-check lint typecheck layers \
-	test test-unit test-integration bench-tools bench-transfer clean
-.PHONY: chart-crds chart-readme chart-check hadolint images kind-up kind-load kind-install kind-e2e \
-	kind-down
+.PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
+	layers verify test test-unit test-integration bench-tools bench-transfer clean
+.PHONY: chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
 CHART := charts/trainingrun
 # Images and the kind cluster of the kind-* targets (users with Docker and kind).
@@ -64,14 +62,6 @@ crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api.py
 api-docs: venv ## Regenerate docs/api-reference.md from the CRD
 	$(BIN)/python -m trainingrun.apidoc > docs/api-reference.md
 
-api-docs-check: venv ## Fail when docs/api-reference.md is stale
-	@$(BIN)/python -m trainingrun.apidoc | diff -u docs/api-reference.md - >/dev/null || \
-		{ echo "docs/api-reference.md is stale: run 'make api-docs' and commit it"; exit 1; }
-
-crds-check: venv ## Fail when crds/trainingrun.yaml is stale
-	@$(BIN)/python -m trainingrun.crd | diff -u crds/trainingrun.yaml - >/dev/null || \
-		{ echo "crds/trainingrun.yaml is stale: run 'make crds' and commit it"; exit 1; }
-
 lint: venv ## ruff (lint and format check)
 	$(BIN)/ruff check operator tests examples
 	$(BIN)/ruff format --check operator tests examples
@@ -88,19 +78,24 @@ test-unit: venv ## Unit tests (no cluster)
 test-integration: venv tools ## Integration tests against the real control plane and SeaweedFS
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck layers crds-check api-docs-check chart-check hadolint tools ## Everything CI runs: lint, types, layers, unit and integration tests
+# Every generated file, all tracked: verify rewrites them, then git tells which ones changed.
+GENERATED := crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml docs/api-reference.md \
+	$(CHART)/README.md
+
+verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## Lint, types, layers, hadolint, regenerate; fail on a stale generated file (no cluster)
+	@git diff --quiet --exit-code -- $(GENERATED) || { \
+		git diff --name-only -- $(GENERATED) | sed 's/$$/ is stale: commit the regenerated file/'; \
+		echo "make verify has regenerated the file(s) above: review with 'git diff' and commit"; \
+		exit 1; } >&2
+
+test: verify tools ## Everything CI runs: verify, then unit and integration tests
 	$(BIN)/pytest tests
 
-chart-crds: ## Copy crds/trainingrun.yaml into the chart's crds/ folder
+chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder
 	cp crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml
 
 chart-readme: venv ## Regenerate the chart's README.md from the '# --' comments of its values.yaml
 	$(BIN)/python -m tests.chart.readme --write
-
-chart-check: venv ## Fail when the chart's CRD copy or README.md is stale
-	@diff -q crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml >/dev/null || \
-		{ echo "$(CHART)/crds/trainingrun.yaml is stale: run 'make chart-crds' and commit it"; exit 1; }
-	@$(BIN)/python -m tests.chart.readme --check
 
 hadolint: venv ## Lint the Dockerfiles of the operator and agent images
 	$(BIN)/hadolint images/operator/Dockerfile images/agent/Dockerfile

@@ -8,7 +8,7 @@ and the operator parses every object it reads through them. Field descriptions h
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from pydantic.alias_generators import to_camel
@@ -136,7 +136,9 @@ class RestartPolicySpec(_Model):
 class PreemptionSpec(_Model):
     """How preemption notice is recognised and honoured."""
 
-    notice_taints: list[str] = Field(
+    notice_taints: list[
+        Annotated[str, Field(description="A taint key, as in a node's spec.taints[].key.")]
+    ] = Field(
         default_factory=lambda: list(DEFAULT_NOTICE_TAINTS),
         json_schema_extra={"default": list[JsonValue](DEFAULT_NOTICE_TAINTS)},
         description="Node taint keys that announce the node is about to go away.",
@@ -184,20 +186,48 @@ class CheckpointRef(_Model):
 
 
 class Condition(_Model):
-    """A metav1.Condition."""
+    """One aspect of the run's state, in the metav1.Condition shape."""
 
-    type: str
-    status: str
-    reason: str
-    message: str = ""
-    observed_generation: int | None = None
-    last_transition_time: str
+    type: str = Field(
+        description="Type of condition in CamelCase: Running, Succeeded or Failed.",
+    )
+    status: str = Field(description="Status of the condition, one of True, False, Unknown.")
+    reason: str = Field(
+        description=(
+            "A programmatic identifier for the condition's last transition, in CamelCase "
+            "(Started, Resumed, Preempted, CrashLoop, ...). This field may not be empty."
+        ),
+    )
+    message: str = Field(
+        default="",
+        description=(
+            "A human readable message indicating details about the transition. "
+            "This may be an empty string."
+        ),
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        description=(
+            "The .metadata.generation that the condition was set based upon. If it is lower "
+            "than .metadata.generation, the condition is out of date with respect to the "
+            "current spec."
+        ),
+    )
+    last_transition_time: str = Field(
+        description=(
+            "The last time the condition transitioned from one status to another (RFC 3339). "
+            "It changes only when the status flips."
+        ),
+    )
 
 
 class TrainingRunStatus(_Model):
     """Observed state of a TrainingRun, written by the operator."""
 
-    observed_generation: int | None = None
+    observed_generation: int | None = Field(
+        default=None,
+        description="The .metadata.generation of the spec the operator last acted on.",
+    )
     phase: str | None = Field(
         default=None,
         description="Display summary: Pending, Running, Backoff, Succeeded or Failed.",
@@ -208,17 +238,40 @@ class TrainingRunStatus(_Model):
     consecutive_failures: int = Field(
         default=0, description="Failures in a row without a new committed checkpoint."
     )
-    latest_checkpoint: CheckpointRef | None = None
-    bad_checkpoints: list[int] = Field(
-        default_factory=list, description="Steps whose checkpoint failed verification."
+    latest_checkpoint: CheckpointRef | None = Field(
+        default=None,
+        description="Newest committed checkpoint in storage; the next attempt resumes from it.",
     )
-    active_pod: str | None = None
+    bad_checkpoints: list[
+        Annotated[int, Field(description="Training step of a checkpoint that failed verification.")]
+    ] = Field(default_factory=list, description="Steps whose checkpoint failed verification.")
+    active_pod: str | None = Field(
+        default=None,
+        description="Name of the pod of the current attempt (<run>-<attempt>), while it exists.",
+    )
     resume_step: int | None = Field(
         default=None, description="Step the current attempt resumed from."
     )
     next_attempt_time: str | None = Field(
         default=None, description="When the next attempt starts after a backoff."
     )
-    reason: str | None = None
-    message: str | None = None
-    conditions: list[Condition] = Field(default_factory=list)
+    reason: str | None = Field(
+        default=None,
+        description=(
+            "A brief CamelCase reason for the run's latest change (Started, Preempted, "
+            "CrashLoop, ...)."
+        ),
+    )
+    message: str | None = Field(
+        default=None,
+        description="A human readable message with details about the run's latest change.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        # A list-map: one entry per type, merged by type in server-side apply.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description=(
+            "The latest available observations of the run's state: Running, Succeeded, Failed "
+            "(metav1.Condition)."
+        ),
+    )

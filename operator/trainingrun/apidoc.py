@@ -2,7 +2,7 @@
 the API server enforces.
 
 ``python -m trainingrun.apidoc`` prints it; ``make api-docs`` writes the file and
-``make api-docs-check`` fails when it is stale. One section per object in the schema (spec,
+``make verify`` fails when it is stale. One section per object in the schema (spec,
 status and every nested object), one row per field: type, default, the constraints the API
 server checks (enums, bounds, patterns, CEL rules with their messages) and the description.
 """

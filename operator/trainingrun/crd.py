@@ -1,7 +1,7 @@
 """Generates the TrainingRun CustomResourceDefinition from the models in ``trainingrun.api``.
 
 ``python -m trainingrun.crd`` prints it; ``make crds`` writes ``crds/trainingrun.yaml`` and
-``make crds-check`` fails when that file is stale. The pydantic JSON schema is turned into a
+``make verify`` fails when that file is stale. The pydantic JSON schema is turned into a
 structural schema (refs inlined, optional fields unwrapped, titles dropped), then the parts a
 JSON schema cannot say are added: the pod template's shape, CEL rules, printer columns.
 """
@@ -19,29 +19,66 @@ from trainingrun.contract import TRAINER_CONTAINER
 
 # The pod template is kept open (any PodTemplateSpec field is allowed and the API server checks
 # the real pod at creation), but the parts the operator and the CEL rules rely on are typed.
-_NAME = {"type": "string", "maxLength": 253}
+# Every typed field carries a description: it is what `kubectl explain` shows.
 TEMPLATE_SCHEMA: dict[str, Any] = {
     "type": "object",
     "required": ["spec"],
     "properties": {
-        "metadata": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        "metadata": {
+            "type": "object",
+            "x-kubernetes-preserve-unknown-fields": True,
+            "description": (
+                "Pod metadata (ObjectMeta). Its labels and annotations are copied to each "
+                "attempt's pod; the operator sets the name, namespace and owner."
+            ),
+        },
         "spec": {
             "type": "object",
             "x-kubernetes-preserve-unknown-fields": True,
+            "description": (
+                "Pod spec (PodSpec) of each attempt. Any PodSpec field is allowed; the API server "
+                "validates the pod when the operator creates it."
+            ),
             "required": ["containers"],
             "properties": {
-                "restartPolicy": {"type": "string", "maxLength": 16},
+                "restartPolicy": {
+                    "type": "string",
+                    "maxLength": 16,
+                    "description": (
+                        "Must be Never or unset: the operator, not the kubelet, restarts a "
+                        "failed attempt, from its newest checkpoint."
+                    ),
+                },
                 "containers": {
                     "type": "array",
                     "minItems": 1,
                     "maxItems": 32,
+                    "description": (
+                        "Containers of the pod (Container); one must be named "
+                        f"'{TRAINER_CONTAINER}'."
+                    ),
                     "items": {
                         "type": "object",
                         "x-kubernetes-preserve-unknown-fields": True,
+                        "description": "A container (Container): any Container field is allowed.",
                         "required": ["name"],
                         "properties": {
-                            "name": _NAME,
-                            "image": {"type": "string", "maxLength": 1024},
+                            "name": {
+                                "type": "string",
+                                "maxLength": 253,
+                                "description": (
+                                    "Name of the container, unique in the pod. The operator "
+                                    f"resumes the one named '{TRAINER_CONTAINER}'."
+                                ),
+                            },
+                            "image": {
+                                "type": "string",
+                                "maxLength": 1024,
+                                "description": (
+                                    "Container image name; required for the "
+                                    f"'{TRAINER_CONTAINER}' container."
+                                ),
+                            },
                         },
                     },
                 },
@@ -117,6 +154,19 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
 ]
 
 _DROP = {"title", "additionalProperties"}
+
+# The standard descriptions of apiVersion and kind (as controller-gen writes them).
+_CONVENTIONS = "https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md"
+API_VERSION_DOC = (
+    "APIVersion defines the versioned schema of this representation of an object. Servers "
+    "should convert recognized schemas to the latest internal value, and may reject "
+    f"unrecognized values. More info: {_CONVENTIONS}#resources"
+)
+KIND_DOC = (
+    "Kind is a string value representing the REST resource this object represents. Servers may "
+    "infer this from the endpoint the client submits requests to. Cannot be updated. In "
+    f"CamelCase. More info: {_CONVENTIONS}#types-kinds"
+)
 
 
 def _structural(node: Any, defs: dict[str, Any]) -> Any:
@@ -201,8 +251,10 @@ def build_crd() -> dict[str, Any]:
                             "required": ["spec"],
                             "x-kubernetes-validations": [NAME_RULE],
                             "properties": {
-                                "apiVersion": {"type": "string"},
-                                "kind": {"type": "string"},
+                                "apiVersion": {"type": "string", "description": API_VERSION_DOC},
+                                "kind": {"type": "string", "description": KIND_DOC},
+                                # The API server rejects anything but the type here (not
+                                # even a description); it publishes ObjectMeta's own docs.
                                 "metadata": {"type": "object"},
                                 "spec": spec_schema(),
                                 "status": status_schema(),

@@ -6,18 +6,24 @@ Covers:
   ``make crds``) and parses back to ``build_crd()``;
 - the schema is structural: no ``$ref``, ``anyOf``, ``title`` or ``$defs`` anywhere, and every
   property has a type (or keeps unknown fields on purpose);
-- every property under ``spec`` that the API models define has a description (the pod
-  template's own inner fields are PodTemplateSpec fields, documented by Kubernetes);
+- every property at every depth (spec, status, the typed parts of the pod template, array items)
+  has a description, as ``kubectl explain`` shows it; only the root ``metadata`` is bare, because
+  the API server accepts nothing but ``type: object`` there;
+- ``status.conditions`` is a list-map keyed by ``type`` (a required field of its items);
 - the CEL rules sit where the API expects them;
 - printer columns: Phase, Attempt, Restarts, Preemptions, Checkpoint, Age, Reason, Message in
   that order, with Reason and Message at priority 1 and the others in the default view;
 - ``docs/api-reference.md`` equals ``apidoc.render()``, and the rendered reference has a section
-  per object and a row per field of spec and status, with its default and enum values.
+  per object and a row per field of spec and status, with its default and enum values, and no row
+  with an empty description (checked on ``python -m trainingrun.apidoc``'s output).
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -86,17 +92,54 @@ def test_every_schema_node_has_a_type() -> None:
     assert untyped == []
 
 
-def test_every_spec_property_has_a_description() -> None:
-    spec = _schema()["properties"]["spec"]
-    template_inside = "spec.template."
-    missing = [
-        path
-        for path, node in _properties(spec, "spec")
-        if not path.startswith(template_inside) and not node.get("description")
-    ]
+def _undescribed(node: dict[str, Any], path: str) -> Iterator[str]:
+    """Paths below ``node`` of every property, and every array's items, with no description."""
+    for name, sub in (node.get("properties") or {}).items():
+        if not str(sub.get("description") or "").strip():
+            yield f"{path}.{name}"
+        yield from _undescribed(sub, f"{path}.{name}")
+    if "items" in node:
+        if not str(node["items"].get("description") or "").strip():
+            yield f"{path}[]"
+        yield from _undescribed(node["items"], f"{path}[]")
 
-    assert spec.get("description")
-    assert missing == []
+
+def test_undescribed_walks_nested_objects_and_array_items() -> None:
+    schema = {
+        "properties": {
+            "a": {"description": "ok", "properties": {"b": {"type": "string"}}},
+            "c": {"description": "ok", "type": "array", "items": {"type": "string"}},
+            "d": {
+                "description": "ok",
+                "type": "array",
+                "items": {"description": "ok", "properties": {"e": {"description": " "}}},
+            },
+        }
+    }
+
+    assert list(_undescribed(schema, "")) == [".a.b", ".c[]", ".d[].e"]
+
+
+def test_every_schema_field_has_a_description() -> None:
+    """What ``kubectl explain`` shows: every field at every depth, array items included."""
+    schema = _schema()
+
+    assert schema.get("description")
+    # The root metadata may hold nothing but its type (the API server rejects even a description
+    # there) and kubectl explain shows ObjectMeta's own documentation for it.
+    assert list(_undescribed(schema, "")) == [".metadata"]
+
+
+def test_root_metadata_is_bare() -> None:
+    assert _schema()["properties"]["metadata"] == {"type": "object"}
+
+
+def test_conditions_are_a_list_map_keyed_by_type() -> None:
+    conditions = _schema()["properties"]["status"]["properties"]["conditions"]
+
+    assert conditions["x-kubernetes-list-type"] == "map"
+    assert conditions["x-kubernetes-list-map-keys"] == ["type"]
+    assert "type" in conditions["items"]["required"]  # a map key must be required
 
 
 def test_spec_covers_every_api_field() -> None:
@@ -194,3 +237,26 @@ def test_api_reference_has_a_row_for_every_field(root: str) -> None:
             assert json.dumps(field["default"]) in row, row
         for value in field.get("enum", []):
             assert f"`{value}`" in row, row
+
+
+def _field_rows(text: str) -> Iterator[tuple[str, list[str]]]:
+    """(section, cells) of every row of the field tables (not the printer-column table)."""
+    section = ""
+    for line in text.splitlines():
+        if line.startswith("## "):
+            section = line[3:].strip("`")
+        elif section and line.startswith("| `"):
+            cells = [c.strip() for c in re.split(r"(?<!\\)\|", line)[1:-1]]
+            yield section, cells
+
+
+def test_api_reference_has_no_empty_description() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trainingrun.apidoc"], capture_output=True, text=True, check=True
+    )
+    rows = list(_field_rows(result.stdout))
+    empty = [f"{section} {cells[0]}" for section, cells in rows if not cells[-1]]
+
+    assert rows
+    assert all(len(cells) == 5 for _, cells in rows), "a field row does not have 5 cells"
+    assert empty == []
