@@ -48,9 +48,10 @@ from tests import localenv
 from tests.benchutil import write_section
 from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
+from trainingrun.local import scan
 from trainingrun.restore import RestoreSettings, restore
 from trainingrun.storage import Credentials, Location, Store, make_client
-from trainingrun.sync import Sync, SyncSettings, scan
+from trainingrun.sync import Sync, SyncSettings
 from trainingrun.transfer import MiB, TransferSettings
 
 REPO = Path(__file__).resolve().parent.parent

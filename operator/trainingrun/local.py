@@ -1,5 +1,7 @@
 """The local checkpoint folder: the conventions the trainer integration, the sync sidecar and the
-restore share. Pure: names and small file helpers, no storage client.
+restore share, and the scan that finds its checkpoints (``scan``: every ``checkpoint-<step>/``
+with its files and whether it is complete, ``LocalCheckpoint``). Names and file helpers only, no
+storage client.
 
 Layout of ``TRAININGRUN_CHECKPOINT_DIR`` (an ``emptyDir`` shared by the three containers)::
 
@@ -126,3 +128,60 @@ def read_progress(checkpoint_dir: Path) -> Progress | None:
     # one, Infinity (OverflowError), deep nesting (RecursionError).
     except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Finding checkpoints
+
+
+@dataclass(frozen=True)
+class LocalCheckpoint:
+    step: int
+    path: Path
+    marked: bool  # the trainer integration said it is complete
+    has_state: bool  # trainer_state.json exists
+    files: tuple[tuple[str, int], ...]  # (relative path, size), ours excluded
+    newest_mtime: float
+
+    def complete(self, now: float, quiet_seconds: float, trainer_gone: bool) -> bool:
+        """Marked by the integration; else trainer_state.json and no change for the quiet
+        period (or the trainer has exited, so nothing will change any more)."""
+        if self.marked:
+            return True
+        return self.has_state and (trainer_gone or now - self.newest_mtime >= quiet_seconds)
+
+
+def scan(checkpoint_dir: Path) -> list[LocalCheckpoint]:
+    """Every ``checkpoint-<step>/`` folder, oldest step first. Files vanishing mid-scan (the
+    trainer rotating its own checkpoints) just drop out."""
+    found = []
+    try:
+        entries = list(os.scandir(checkpoint_dir))
+    except FileNotFoundError:
+        return []
+    for entry in entries:
+        step = checkpoint_step(entry.name)
+        if step is None or not entry.is_dir(follow_symlinks=False):
+            continue
+        files: list[tuple[str, int]] = []
+        newest = 0.0
+        marked = False
+        root = Path(entry.path)
+        for dirpath, _dirs, names in os.walk(root):
+            for name in names:
+                full = Path(dirpath, name)
+                rel = full.relative_to(root).as_posix()
+                try:
+                    st = full.lstat()
+                except FileNotFoundError:
+                    continue
+                newest = max(newest, st.st_mtime)
+                if is_internal(rel):
+                    marked = True
+                    continue
+                if not full.is_file() or full.is_symlink():
+                    continue  # only regular files are checkpoint data
+                files.append((rel, st.st_size))
+        has_state = any(rel == TRAINER_STATE for rel, _ in files)
+        found.append(LocalCheckpoint(step, root, marked, has_state, tuple(sorted(files)), newest))
+    return sorted(found, key=lambda c: c.step)

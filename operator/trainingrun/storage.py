@@ -1,7 +1,8 @@
 """The one wrapper around S3: every call to the object store goes through ``Store``, which
 decides in one place what 404, 412, 429 and 5xx mean.
 
-- 404 / NoSuchKey: ``None`` (or ``NotFound`` where absence is an error).
+- 404 / NoSuchKey: ``None`` from the reads (``KeyNotFound`` where absence is an error);
+  NoSuchBucket: ``BucketNotFound``, raised by the reads too (a missing bucket is a setup error).
 - 412 PreconditionFailed: ``PreconditionFailed`` (a create-only or compare-and-swap lost).
 - 429, 5xx, connection errors: retried by botocore's adaptive mode with jittered backoff, then
   ``StorageUnavailable``.
@@ -20,6 +21,7 @@ import boto3
 import botocore.exceptions
 from botocore.config import Config
 
+from trainingrun.api import StorageSpec
 from trainingrun.contract import CREDENTIAL_KEYS
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
@@ -61,6 +63,14 @@ class StorageRejected(StorageError):
 
 class NotFound(StorageError):
     """The bucket or key does not exist."""
+
+
+class BucketNotFound(NotFound):
+    """The bucket does not exist."""
+
+
+class KeyNotFound(NotFound):
+    """The key does not exist (or a bare 404: HEAD answers carry no error code)."""
 
 
 @dataclass(frozen=True)
@@ -145,12 +155,10 @@ def make_client(
     return boto3.client("s3", **kwargs)
 
 
-def _status(err: botocore.exceptions.ClientError) -> int:
-    return int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-
-
-def _code(err: botocore.exceptions.ClientError) -> str:
-    return str(err.response.get("Error", {}).get("Code", ""))
+def open_store(storage: StorageSpec, credentials: Credentials | None) -> Store:
+    """The store of a run's bucket, with the run's endpoint and region."""
+    client = make_client(storage.endpoint, storage.region, credentials)
+    return Store(client, parse_uri(storage.uri).bucket)
 
 
 class Store:
@@ -163,11 +171,12 @@ class Store:
     def _translate(self, err: Exception, key: str) -> StorageError:
         where = f"s3://{self.bucket}/{key}"
         if isinstance(err, botocore.exceptions.ClientError):
-            status, code = _status(err), _code(err)
+            status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            code = str(err.response.get("Error", {}).get("Code", ""))
             if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
                 if code == "NoSuchBucket":
-                    return NotFound(f"bucket {self.bucket!r} does not exist: create it first")
-                return NotFound(f"{where} does not exist")
+                    return BucketNotFound(f"bucket {self.bucket!r} does not exist: create it first")
+                return KeyNotFound(f"{where} does not exist")
             if status == 412 or code == "PreconditionFailed":
                 return PreconditionFailed(f"{where}: condition not met")
             if status == 403 or code in (
@@ -201,7 +210,7 @@ class Store:
             body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
         except Exception as e:
             err = self._translate(e, key)
-            if isinstance(err, NotFound) and "bucket" not in str(err):
+            if isinstance(err, KeyNotFound):
                 return None
             raise err from e
         return body
@@ -212,7 +221,7 @@ class Store:
             return resp["Body"].read(), str(resp["ETag"])
         except Exception as e:
             err = self._translate(e, key)
-            if isinstance(err, NotFound) and "bucket" not in str(err):
+            if isinstance(err, KeyNotFound):
                 return None
             raise err from e
 
@@ -252,7 +261,7 @@ class Store:
             resp = self.client.head_object(**kwargs)
         except Exception as e:
             err = self._translate(e, key)
-            if isinstance(err, NotFound) and "bucket" not in str(err):
+            if isinstance(err, KeyNotFound):
                 return None
             raise err from e
         checksum = resp.get(checksum_header) if checksum_header else None
@@ -355,15 +364,6 @@ class Store:
             raise self._translate(e, key) from e
         return done
 
-    def get_range(self, key: str, start: int, end: int) -> bytes:
-        """Bytes ``start``..``end`` inclusive of an object that must exist."""
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
-            data: bytes = resp["Body"].read()
-        except Exception as e:
-            raise self._translate(e, key) from e
-        return data
-
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         """(key, size) of every object under ``prefix``."""
         paginator = self.client.get_paginator("list_objects_v2")
@@ -422,20 +422,28 @@ def choose_checkpoint(
         return Choice(None, None, [])
     rejected: list[tuple[int, str]] = []
     for entry in candidates(manifest, bad_steps):
-        prefix = run.key(entry.prefix) + "/"
-        try:
-            data = store.get(prefix + CHECKPOINT_MANIFEST)
-            if data is None:
-                rejected.append((entry.step, f"{CHECKPOINT_MANIFEST} is missing"))
-                continue
-            ckpt = parse_checkpoint_manifest(data, entry.step)
-        except ManifestError as e:
-            rejected.append((entry.step, str(e)))
-            continue
-        listing = {key[len(prefix) :]: size for key, size in store.list_objects(prefix)}
-        problems = listing_problems(ckpt, listing)
-        if problems:
-            rejected.append((entry.step, "; ".join(problems[:3])))
-            continue
-        return Choice(entry, ckpt, rejected)
+        ckpt, why = check_committed(store, run, entry)
+        if ckpt is not None:
+            return Choice(entry, ckpt, rejected)
+        rejected.append((entry.step, why or "not intact"))
     return Choice(None, None, rejected)
+
+
+def check_committed(
+    store: Store, run: Location, entry: ManifestEntry
+) -> tuple[CheckpointManifest | None, str | None]:
+    """(its MANIFEST.json, None) when a committed entry is intact: the MANIFEST.json parses, is
+    of this step, and every object it names exists with the recorded size; else (None, why)."""
+    prefix = run.key(entry.prefix) + "/"
+    try:
+        data = store.get(prefix + CHECKPOINT_MANIFEST)
+        if data is None:
+            return None, f"{CHECKPOINT_MANIFEST} is missing"
+        ckpt = parse_checkpoint_manifest(data, entry.step)
+    except ManifestError as e:
+        return None, str(e)
+    listing = {key[len(prefix) :]: size for key, size in store.list_objects(prefix)}
+    problems = listing_problems(ckpt, listing)
+    if problems:
+        return None, "; ".join(problems[:3])
+    return ckpt, None

@@ -1,32 +1,28 @@
-"""``trainingrun sync``: the checkpoint sync sidecar.
+"""``trainingrun sync``: the checkpoint sync sidecar's loop.
 
-Watches ``TRAININGRUN_CHECKPOINT_DIR`` (inotify through watchdog, with a polling fallback), and
-for each complete ``checkpoint-<step>/`` that is not committed yet, newest first:
-
-1. uploads every file with a full-object checksum the endpoint checks (multipart for large ones);
-2. verifies each object's size and stored checksum;
-3. writes ``checkpoints/checkpoint-<step>/MANIFEST.json`` create-only;
-4. adds the step to ``manifest.json`` by compare-and-swap (If-Match, retried on 412). Only now
-   is the step committed;
-5. applies retention (``keep``): the manifest drops old entries first, their objects go after.
+Watches ``TRAININGRUN_CHECKPOINT_DIR`` (inotify through watchdog, with a polling fallback). Each
+pass finds the complete ``checkpoint-<step>/`` folders (``local.scan``) and, newest first, for
+each one not committed yet: uploads every file with a full-object checksum the endpoint checks
+(multipart for large ones), verifies each object's size and stored checksum, then commits it by
+the protocol in ``trainingrun.commit`` (create-only MANIFEST.json, manifest.json by
+compare-and-swap, retention).
 
 On SIGTERM (the trainer has exited: a native sidecar stops last) it uploads and commits the
 newest complete checkpoint within ``TRAININGRUN_DRAIN_SECONDS``, aborts what it could not
 finish, and exits 0. A preemption notice in the pod's annotations (downward API file) becomes a
 "save now" request to the trainer integration. Faults (endpoint down, a file that changed) are
-retried with jittered backoff; nothing unverified is ever committed.
+retried with jittered backoff; nothing unverified is ever committed. The sidecar's Prometheus
+metrics are here too.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import random
 import signal
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -36,35 +32,25 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from trainingrun import checksum, local
-from trainingrun.checksum import Algorithm
+from trainingrun import local
+from trainingrun.commit import Capabilities, Committer, detect_capabilities, verify_uploaded
 from trainingrun.contract import ANNOTATION_NOTICE, now_rfc3339_micro
+from trainingrun.local import LocalCheckpoint, scan
 from trainingrun.manifest import (
-    CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
-    RUN_MANIFEST,
     CheckpointManifest,
-    FileEntry,
     ManifestEntry,
     ManifestError,
-    RunManifest,
     checkpoint_prefix,
-    parse_checkpoint_manifest,
-    parse_run_manifest,
     safe_relative_path,
-    same_files,
-    with_committed,
     worth_uploading,
 )
 from trainingrun.storage import (
-    ChecksumMismatch,
     Location,
     NotFound,
-    PreconditionFailed,
     StorageAccessDenied,
     StorageError,
     StorageRejected,
-    StorageUnavailable,
     Store,
 )
 from trainingrun.transfer import (
@@ -79,215 +65,9 @@ from trainingrun.transfer import (
 
 log = logging.getLogger("trainingrun.sync")
 
-CAS_ATTEMPTS = 20
 # Failures that retrying does not fix; the loop still retries them slowly (someone may fix the
 # bucket or the Secret), but a drain does not wait for them.
 PERMANENT = (StorageAccessDenied, NotFound, StorageRejected, ManifestError)
-
-
-# ---------------------------------------------------------------------------------------------
-# The local folder
-
-
-@dataclass(frozen=True)
-class LocalCheckpoint:
-    step: int
-    path: Path
-    marked: bool  # the trainer integration said it is complete
-    has_state: bool  # trainer_state.json exists
-    files: tuple[tuple[str, int], ...]  # (relative path, size), ours excluded
-    newest_mtime: float
-
-    def complete(self, now: float, quiet_seconds: float, trainer_gone: bool) -> bool:
-        """Marked by the integration; else trainer_state.json and no change for the quiet
-        period (or the trainer has exited, so nothing will change any more)."""
-        if self.marked:
-            return True
-        return self.has_state and (trainer_gone or now - self.newest_mtime >= quiet_seconds)
-
-
-def scan(checkpoint_dir: Path) -> list[LocalCheckpoint]:
-    """Every ``checkpoint-<step>/`` folder, oldest step first. Files vanishing mid-scan (the
-    trainer rotating its own checkpoints) just drop out."""
-    found = []
-    try:
-        entries = list(os.scandir(checkpoint_dir))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        step = local.checkpoint_step(entry.name)
-        if step is None or not entry.is_dir(follow_symlinks=False):
-            continue
-        files: list[tuple[str, int]] = []
-        newest = 0.0
-        marked = False
-        root = Path(entry.path)
-        for dirpath, _dirs, names in os.walk(root):
-            for name in names:
-                full = Path(dirpath, name)
-                rel = full.relative_to(root).as_posix()
-                try:
-                    st = full.lstat()
-                except FileNotFoundError:
-                    continue
-                newest = max(newest, st.st_mtime)
-                if local.is_internal(rel):
-                    marked = True
-                    continue
-                if not full.is_file() or full.is_symlink():
-                    continue  # only regular files are checkpoint data
-                files.append((rel, st.st_size))
-        has_state = any(rel == local.TRAINER_STATE for rel, _ in files)
-        found.append(LocalCheckpoint(step, root, marked, has_state, tuple(sorted(files)), newest))
-    return sorted(found, key=lambda c: c.step)
-
-
-# ---------------------------------------------------------------------------------------------
-# What the endpoint can do
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    algorithm: Algorithm
-    verifies_checksums: bool
-    conditional_writes: bool
-
-    def describe(self) -> str:
-        return (
-            f"checksum {self.algorithm.name} "
-            f"({'checked' if self.verifies_checksums else 'NOT checked'} by the endpoint), "
-            f"conditional writes {'yes' if self.conditional_writes else 'no'}"
-        )
-
-
-def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Capabilities:
-    """Probes the endpoint with a few tiny objects under the run's prefix: which checksum it
-    accepts and checks, and whether it honours If-None-Match. The probe objects are removed."""
-    probe = run.key(".trainingrun-probe", uuid.uuid4().hex)
-    names = checksum.PREFERENCE if wanted == "auto" else (checksum.algorithm(wanted).name,)
-    data = b"trainingrun capability probe"
-    chosen: Algorithm | None = None
-    verifies = False
-    try:
-        for name in names:
-            algo = checksum.ALGORITHMS[name]
-            try:
-                store.put_checked(probe, data, algo.header, checksum.digest(algo, data))
-            except StorageRejected:
-                log.info("endpoint refuses %s checksums", name)
-                continue
-            chosen = algo
-            wrong = checksum.digest(algo, data + b"!")
-            try:
-                store.put_checked(probe, data, algo.header, wrong)
-            except ChecksumMismatch:
-                verifies = True
-            except StorageRejected:
-                verifies = True  # refused, which is what matters
-            break
-        if chosen is None:
-            raise StorageRejected(
-                f"the endpoint accepts none of the checksum algorithms {', '.join(names)}; "
-                "set TRAININGRUN_CHECKSUM to one it supports"
-            )
-        cond_key = probe + "-cond"
-        store.put(cond_key, b"1", if_none_match=True)
-        try:
-            store.put(cond_key, b"2", if_none_match=True)
-            conditional = False
-        except PreconditionFailed:
-            conditional = True
-        except StorageRejected:
-            conditional = False
-    finally:
-        with contextlib.suppress(StorageError):
-            store.delete([probe, probe + "-cond"])
-    return Capabilities(chosen, verifies, conditional)
-
-
-# ---------------------------------------------------------------------------------------------
-# Committing
-
-
-class Committer:
-    """Writes a checkpoint's MANIFEST.json and commits it to manifest.json."""
-
-    def __init__(self, store: Store, run: Location, caps: Capabilities, keep: int) -> None:
-        self.store = store
-        self.run = run
-        self.caps = caps
-        self.keep = keep
-
-    def read(self) -> tuple[RunManifest | None, str | None]:
-        got = self.store.get_with_etag(self.run.key(RUN_MANIFEST))
-        if got is None:
-            return None, None
-        return parse_run_manifest(got[0]), got[1]
-
-    def write_checkpoint_manifest(self, ckpt: CheckpointManifest) -> None:
-        key = self.run.key(checkpoint_prefix(ckpt.step), CHECKPOINT_MANIFEST)
-        body = ckpt.model_dump_json(indent=1).encode()
-        try:
-            self.store.put(key, body, if_none_match=self.caps.conditional_writes)
-            return
-        except PreconditionFailed:
-            pass
-        # One exists: left by an earlier attempt or a sync killed before its commit.
-        existing = self.store.get_with_etag(key)
-        if existing is not None:
-            try:
-                if same_files(parse_checkpoint_manifest(existing[0], ckpt.step), ckpt):
-                    return
-            except ManifestError:
-                pass
-            manifest, _ = self.read()
-            if manifest and any(e.step == ckpt.step for e in manifest.entries):
-                raise PreconditionFailed(
-                    f"checkpoint-{ckpt.step} is already committed with other contents; "
-                    "a second writer is active for this run"
-                )
-            # Not committed, so nobody trusts it: replace it, but only the version we read.
-            self.store.put(key, body, if_match=existing[1])
-        else:
-            self.store.put(key, body, if_none_match=True)
-
-    def commit(self, entry: ManifestEntry) -> list[ManifestEntry]:
-        """Adds ``entry`` by compare-and-swap; returns the entries retention dropped."""
-        key = self.run.key(RUN_MANIFEST)
-        for attempt in range(CAS_ATTEMPTS):
-            manifest, etag = self.read()
-            updated, dropped = with_committed(manifest, entry, self.keep)
-            try:
-                if not self.caps.conditional_writes:
-                    self.store.put(key, updated.to_json())
-                    check, _ = self.read()  # best effort without CAS: confirm it stuck
-                    if check is None or all(e.step != entry.step for e in check.entries):
-                        raise PreconditionFailed(f"{key}: a concurrent write replaced ours")
-                elif etag is None:
-                    self.store.put(key, updated.to_json(), if_none_match=True)
-                else:
-                    self.store.put(key, updated.to_json(), if_match=etag)
-                return dropped
-            except PreconditionFailed:
-                time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))  # noqa: S311
-        raise StorageUnavailable(
-            f"{key}: still losing the compare-and-swap after {CAS_ATTEMPTS} tries"
-        )
-
-    def delete_checkpoint_objects(self, steps: list[int]) -> int:
-        """Deletes the objects of dropped steps, after the manifest no longer names them."""
-        keys: list[str] = []
-        for step in steps:
-            keys.extend(
-                k for k, _ in self.store.list_objects(self.run.key(checkpoint_prefix(step)) + "/")
-            )
-        if keys:
-            self.store.delete(keys)
-        return len(keys)
-
-
-# ---------------------------------------------------------------------------------------------
-# The sidecar
 
 
 @dataclass(frozen=True)
@@ -523,22 +303,7 @@ class Sync:
         pairs = [(str(ckpt.path / rel), f"{prefix}/{rel}") for rel, _ in ckpt.files]
         sums = self.transfer.upload_files(pairs, algo, progress)
         self.metrics.files.inc(len(pairs))
-        # Verify: every object there with the size we read and, where the endpoint stores it,
-        # our checksum; a file whose size changed since the scan means it is still being written.
-        entries = []
-        for rel, size in ckpt.files:
-            key = f"{prefix}/{rel}"
-            local_size = (ckpt.path / rel).stat().st_size
-            if local_size != size:
-                raise FileChanged(f"{ckpt.path / rel} changed size during the upload")
-            head = self.store.head(key, algo.header)
-            if head is None or head[0] != size:
-                raise VerificationFailed(f"{key}: expected {size} bytes, found {head and head[0]}")
-            if head[1] is not None and head[1] != sums[key]:
-                raise VerificationFailed(f"{key}: stored checksum {head[1]} != ours {sums[key]}")
-            entries.append(
-                FileEntry(path=rel, size=size, checksum_algorithm=algo.name, checksum=sums[key])
-            )
+        entries = verify_uploaded(self.store, ckpt, prefix, algo, sums)
         manifest = CheckpointManifest(
             version=MANIFEST_VERSION, step=ckpt.step, files=entries, created=now_rfc3339_micro()
         )
@@ -566,26 +331,26 @@ class Sync:
             algo.name,
         )
         if dropped:
-            names = ", ".join(f"checkpoint-{d.step}" for d in dropped)
-            try:
-                n = self.committer.delete_checkpoint_objects([d.step for d in dropped])
-            except StorageError as e:
-                # The manifest no longer names them: left over, they cost space, never a resume.
-                self.metrics.failures.labels("RetentionDeleteFailed").inc()
-                log.warning(
-                    "retention (keep %d): dropped %s from the manifest, but deleting their "
-                    "objects failed: %s; they stay in the bucket unused (s3:DeleteObject needed)",
-                    self.s.keep,
-                    names,
-                    e,
-                )
-                return
-            log.info(
-                "retention (keep %d): dropped %s, deleted %d objects",
+            self.delete_dropped(dropped)
+
+    def delete_dropped(self, dropped: list[ManifestEntry]) -> None:
+        """Retention's second half: the objects of the steps the manifest no longer names."""
+        assert self.committer is not None
+        names = ", ".join(f"checkpoint-{d.step}" for d in dropped)
+        try:
+            n = self.committer.delete_checkpoint_objects([d.step for d in dropped])
+        except StorageError as e:
+            # The manifest no longer names them: left over, they cost space, never a resume.
+            self.metrics.failures.labels("RetentionDeleteFailed").inc()
+            log.warning(
+                "retention (keep %d): dropped %s from the manifest, but deleting their "
+                "objects failed: %s; they stay in the bucket unused (s3:DeleteObject needed)",
                 self.s.keep,
                 names,
-                n,
+                e,
             )
+            return
+        log.info("retention (keep %d): dropped %s, deleted %d objects", self.s.keep, names, n)
 
 
 def read_annotation(path: Path, name: str) -> str | None:

@@ -15,18 +15,15 @@ from typing import Any, TextIO
 from kubernetes import config
 
 from trainingrun import api
+from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.kube import Kube, load_config
-from trainingrun.manifest import (
-    CHECKPOINT_MANIFEST,
-    ManifestError,
-    listing_problems,
-    parse_checkpoint_manifest,
-)
+from trainingrun.manifest import ManifestError
 from trainingrun.storage import (
     Location,
     StorageError,
     Store,
-    make_client,
+    check_committed,
+    open_store,
     parse_uri,
     read_run_manifest,
     secret_credentials,
@@ -56,44 +53,35 @@ def get_run(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
 
 
 def run_store(kube: Kube, run: dict[str, Any]) -> tuple[Store, Location]:
-    """The run's bucket with its own endpoint, region and credentials Secret."""
+    """The run's bucket with its own endpoint, region and credentials Secret, and the run's place
+    in it: the one the operator gives the run's sync sidecar."""
     meta = run["metadata"]
+    namespace = meta["namespace"]
     spec = api.TrainingRunSpec.model_validate(run["spec"])
     storage = spec.checkpoint.storage
     creds = None
     if storage.credentials_secret:
-        data = kube.get_secret_data(meta["namespace"], storage.credentials_secret)
-        creds = secret_credentials(meta["namespace"], storage.credentials_secret, data)
-    base = parse_uri(storage.uri)
-    location = Location(base.bucket, base.key(meta["namespace"], meta["name"]))
-    client = make_client(storage.endpoint, storage.region, creds)
-    return Store(client, base.bucket), location
+        data = kube.get_secret_data(namespace, storage.credentials_secret)
+        creds = secret_credentials(namespace, storage.credentials_secret, data)
+    location = parse_uri(run_prefix(RunRef(meta["name"], namespace, meta["uid"], spec)))
+    return open_store(storage, creds), location
 
 
 def checkpoint_rows(
     store: Store, location: Location, bad: set[int]
 ) -> list[tuple[int, str, str, str, str]]:
     """(step, size, committed, files, verified) for every committed checkpoint, newest first.
-    Verified: the MANIFEST.json parses and every object it names exists with its size."""
+    Verified: as the operator checks a checkpoint before resuming from it (check_committed)."""
     manifest = read_run_manifest(store, location)
     if manifest is None:
         return []
     rows = []
     for entry in sorted(manifest.entries, key=lambda e: -e.step):
-        prefix = location.key(entry.prefix) + "/"
         if entry.step in bad:
             verified = "no: marked bad by a restore"
         else:
-            try:
-                data = store.get(prefix + CHECKPOINT_MANIFEST)
-                if data is None:
-                    raise ManifestError(f"{CHECKPOINT_MANIFEST} is missing")
-                ckpt = parse_checkpoint_manifest(data, entry.step)
-                listing = {k[len(prefix) :]: s for k, s in store.list_objects(prefix)}
-                problems = listing_problems(ckpt, listing)
-                verified = "yes" if not problems else "no: " + "; ".join(problems[:2])
-            except ManifestError as e:
-                verified = f"no: {e}"
+            ckpt, why = check_committed(store, location, entry)
+            verified = "yes" if ckpt is not None else f"no: {why}"
         rows.append(
             (entry.step, format_bytes(entry.bytes), entry.committed, str(entry.files), verified)
         )

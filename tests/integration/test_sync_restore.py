@@ -36,10 +36,10 @@ from tests.integration.support import wait_for
 from tests.localenv import free_ports
 from trainingrun import local
 from trainingrun.checksum import CRC64NVME
+from trainingrun.commit import Capabilities, Committer
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
 from trainingrun.manifest import ManifestEntry, checkpoint_prefix
 from trainingrun.storage import Credentials, Location, Store, make_client
-from trainingrun.sync import Capabilities, Committer
 
 MiB = 1 << 20
 HF_LIKE = {

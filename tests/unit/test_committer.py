@@ -1,4 +1,4 @@
-"""The sidecar's commit protocol (sync.Committer) against moto's in-memory S3.
+"""The sidecar's commit protocol (commit.Committer) against moto's in-memory S3.
 
 moto 5 honours ``IfNoneMatch: *`` and ``IfMatch`` on put_object (412 PreconditionFailed), so the
 compare-and-swap runs against real conditional-write semantics here; no network.
@@ -28,8 +28,9 @@ from typing import Any
 import pytest
 from moto import mock_aws
 
-from trainingrun import sync
+from trainingrun import commit
 from trainingrun.checksum import CRC64NVME
+from trainingrun.commit import Capabilities, Committer
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
@@ -49,7 +50,6 @@ from trainingrun.storage import (
     Store,
     make_client,
 )
-from trainingrun.sync import Capabilities, Committer
 
 BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
@@ -92,7 +92,7 @@ def store(client: Any) -> Store:
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     """The CAS backoff sleeps, recorded instead of slept."""
     slept: list[float] = []
-    monkeypatch.setattr(sync.time, "sleep", slept.append)
+    monkeypatch.setattr(commit.time, "sleep", slept.append)
     return slept
 
 
@@ -226,7 +226,7 @@ def test_a_cas_that_always_loses_gives_up(
 
     with pytest.raises(StorageUnavailable, match="compare-and-swap"):
         committer.commit(_entry(2))
-    assert len(sleeps) == sync.CAS_ATTEMPTS
+    assert len(sleeps) == commit.CAS_ATTEMPTS
     assert _steps(Store(store.client, BUCKET)) == [1]
 
 
@@ -318,7 +318,7 @@ def test_committed_checkpoint_manifest_with_other_contents_is_refused(store: Sto
 def test_detect_capabilities_against_moto(store: Store, client: Any) -> None:
     before = _keys(client)
 
-    caps = sync.detect_capabilities(store, RUN)
+    caps = commit.detect_capabilities(store, RUN)
 
     assert caps.conditional_writes
     assert caps.algorithm is CRC64NVME

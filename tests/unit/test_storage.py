@@ -9,11 +9,13 @@ Covers:
   reasons); no manifest or nothing intact gives no choice; a manifest passed in is used without
   reading the bucket; hypothesis over which checkpoints are broken or bad: the choice is always
   the newest intact step not marked bad, and every newer non-bad step is reported as rejected;
-- Store._translate(): 404/NoSuchKey and NoSuchBucket, 412, 403 and credential codes, checksum
-  codes, other 4xx, 408/429/5xx, missing credentials, connection errors, and an unrelated
-  exception that is re-raised as is;
+- Store._translate(): 404/NoSuchKey (KeyNotFound) and NoSuchBucket (BucketNotFound), 412, 403
+  and credential codes, checksum codes, other 4xx, 408/429/5xx, missing credentials, connection
+  errors, and an unrelated exception that is re-raised as is;
 - Store.delete(): chunks of 1000 keys; keys DeleteObjects reports as not deleted (a 200
   answer) raise a StorageError naming the first and the count;
+- open_store(): the store of the storage URI's bucket, its client on the spec's endpoint and
+  region;
 - parse_uri() and Location.key().
 """
 
@@ -28,6 +30,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainingrun.api import StorageSpec
 from trainingrun.checksum import CRC64NVME, digest
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
@@ -38,9 +41,11 @@ from trainingrun.manifest import (
     checkpoint_prefix,
 )
 from trainingrun.storage import (
+    BucketNotFound,
     ChecksumMismatch,
+    Credentials,
+    KeyNotFound,
     Location,
-    NotFound,
     PreconditionFailed,
     StorageAccessDenied,
     StorageError,
@@ -48,6 +53,7 @@ from trainingrun.storage import (
     StorageUnavailable,
     Store,
     choose_checkpoint,
+    open_store,
     parse_uri,
 )
 
@@ -260,10 +266,11 @@ def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
 @pytest.mark.parametrize(
     ("err", "kind", "words"),
     [
-        pytest.param(_client_error(404, "NoSuchKey"), NotFound, "does not exist", id="404"),
-        pytest.param(_client_error(0, "NoSuchKey"), NotFound, "s3://b/k", id="no-such-key"),
+        pytest.param(_client_error(404, "NoSuchKey"), KeyNotFound, "does not exist", id="404"),
+        pytest.param(_client_error(404, "404"), KeyNotFound, "does not exist", id="bare-404"),
+        pytest.param(_client_error(0, "NoSuchKey"), KeyNotFound, "s3://b/k", id="no-such-key"),
         pytest.param(
-            _client_error(404, "NoSuchBucket"), NotFound, "create it first", id="no-bucket"
+            _client_error(404, "NoSuchBucket"), BucketNotFound, "create it first", id="no-bucket"
         ),
         pytest.param(
             _client_error(412, "PreconditionFailed"), PreconditionFailed, "condition", id="412"
@@ -374,6 +381,18 @@ def test_delete_reports_the_keys_it_could_not_delete(
 def test_an_unrelated_exception_is_not_swallowed() -> None:
     with pytest.raises(KeyError):
         Store(client=None, bucket="b")._translate(KeyError("bug"), "k")
+
+
+def test_open_store_uses_the_specs_bucket_endpoint_and_region() -> None:
+    spec = StorageSpec.model_validate(
+        {"uri": "s3://ckpt/runs/", "endpoint": "http://s3.local:8333", "region": "eu-west-3"}
+    )
+
+    store = open_store(spec, Credentials("AKIA", "s3cr3t"))
+
+    assert store.bucket == "ckpt"
+    assert store.client.meta.endpoint_url == "http://s3.local:8333"
+    assert store.client.meta.region_name == "eu-west-3"
 
 
 @pytest.mark.parametrize(

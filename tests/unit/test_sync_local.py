@@ -2,7 +2,7 @@
 
 Covers:
 
-- sync.scan() on real temporary folders: ``checkpoint-<step>/`` folders only (oldest step first,
+- local.scan() on real temporary folders: ``checkpoint-<step>/`` folders only (oldest step first,
   numerically), other folders, plain files and a symlinked checkpoint folder ignored, nested
   files as POSIX relative paths, the completion marker noticed but never listed as a file,
   symlinked files and folders inside a checkpoint not uploaded, ``trainer_state.json`` noticed
@@ -43,9 +43,9 @@ from hypothesis import strategies as st
 
 from trainingrun import local, transfer
 from trainingrun.contract import ANNOTATION_NOTICE
-from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE
+from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
 from trainingrun.storage import Location, Store
-from trainingrun.sync import LocalCheckpoint, Sync, SyncSettings, read_annotation, scan
+from trainingrun.sync import Sync, SyncSettings, read_annotation
 from trainingrun.sync import _watch as sync_watch
 from trainingrun.transfer import MiB, Progress, Throttle, format_bytes
 
