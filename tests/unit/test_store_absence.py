@@ -1,0 +1,63 @@
+"""What Store's reads make of absence, against moto's in-memory S3 (no network).
+
+Covers:
+
+- get(), get_with_etag() and head() of a missing key give None, also when the word "bucket" is
+  in the bucket's name (``my-bucket``) or in the key (``bucket-runs/``): a regression, absence
+  used to be told from a missing bucket by that word in the error text;
+- the same reads in a bucket that does not exist raise BucketNotFound, a NotFound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from moto import mock_aws
+
+from trainingrun.storage import BucketNotFound, NotFound, Store, make_client
+
+# "bucket" in the bucket's name or in the key: a missing key must still read as a missing key.
+NAMED_BUCKET, PLAIN_BUCKET = "my-bucket", "ckpt"
+BUCKET_KEY, PLAIN_KEY = "bucket-runs/ml/r1/manifest.json", "runs/ml/r1/manifest.json"
+READS = ["get", "get_with_etag", "head"]
+
+
+@pytest.fixture(scope="module")
+def moto_client() -> Iterator[Any]:
+    """One in-memory S3 with both buckets (making a client takes about a second)."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_CONFIG_FILE"):
+            mp.delenv(name, raising=False)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            mp.setenv(name, "testing")
+        with mock_aws():
+            c = make_client(region="us-east-1")
+            for bucket in (NAMED_BUCKET, PLAIN_BUCKET):
+                c.create_bucket(Bucket=bucket)
+            yield c
+
+
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize(
+    ("bucket", "key"),
+    [
+        pytest.param(NAMED_BUCKET, PLAIN_KEY, id="bucket-in-bucket-name"),
+        pytest.param(PLAIN_BUCKET, BUCKET_KEY, id="bucket-in-key"),
+        pytest.param(NAMED_BUCKET, BUCKET_KEY, id="bucket-in-both"),
+    ],
+)
+def test_a_missing_key_is_none_whatever_the_names(
+    moto_client: Any, bucket: str, key: str, read: str
+) -> None:
+    assert getattr(Store(moto_client, bucket), read)(key) is None
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_missing_bucket_raises(moto_client: Any, read: str) -> None:
+    # moto names the code even on HEAD; real S3 answers HEAD with a bare 404, which reads as a
+    # missing key (no body to tell them apart).
+    with pytest.raises(BucketNotFound, match="'no-such-bucket' does not exist") as raised:
+        getattr(Store(moto_client, "no-such-bucket"), read)(PLAIN_KEY)
+    assert isinstance(raised.value, NotFound)  # what callers catch

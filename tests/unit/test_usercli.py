@@ -1,0 +1,173 @@
+"""The user commands' reading of a run's bucket, without a cluster (tests/integration/
+test_usercli.py runs the commands against a live run).
+
+Covers:
+
+- run_store(): the store opened with the run's storage spec and the credentials of its Secret,
+  and the run's place in the bucket equal to the TRAININGRUN_STORAGE_URI the operator gives the
+  run's sidecar (a URI with a prefix, with a trailing slash, with none); a missing Secret is a
+  CredentialsSecretError naming it;
+- checkpoint_rows(): newest first; "yes" for an intact checkpoint, "no: <why>" from the
+  operator's own check for a missing object or MANIFEST.json, and "no: marked bad" for a bad step
+  without reading it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, cast
+
+import pytest
+
+from tests.unit.builders import make_run
+from trainingrun import contract, usercli
+from trainingrun.api import StorageSpec
+from trainingrun.decide.pod import RunRef, storage_env
+from trainingrun.kube import Kube
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    MANIFEST_VERSION,
+    RUN_MANIFEST,
+    CheckpointManifest,
+    FileEntry,
+    ManifestEntry,
+    RunManifest,
+    checkpoint_prefix,
+)
+from trainingrun.storage import (
+    Credentials,
+    CredentialsSecretError,
+    Location,
+    Store,
+    parse_uri,
+)
+
+SECRET = dict(zip(contract.CREDENTIAL_KEYS, ("AKIA", "s3cr3t"), strict=True))
+
+
+class FakeKube:
+    """The one call run_store makes: a Secret's decoded data, None when absent."""
+
+    def __init__(self, secrets: dict[str, dict[str, str]]) -> None:
+        self.secrets = secrets
+
+    def get_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        return self.secrets.get(f"{namespace}/{name}")
+
+
+@pytest.fixture
+def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[StorageSpec, Credentials | None]]:
+    """open_store's arguments, recorded; the store it returns has no client."""
+    calls: list[tuple[StorageSpec, Credentials | None]] = []
+
+    def fake_open(storage: StorageSpec, credentials: Credentials | None) -> Store:
+        calls.append((storage, credentials))
+        return Store(None, parse_uri(storage.uri).bucket)
+
+    monkeypatch.setattr(usercli, "open_store", fake_open)
+    return calls
+
+
+@pytest.mark.parametrize(
+    "uri",
+    ["s3://ckpt-bucket/runs", "s3://ckpt-bucket/runs/", "s3://ckpt-bucket"],
+    ids=["prefix", "trailing-slash", "bucket-only"],
+)
+def test_run_store_is_where_the_operator_points_the_sidecar(
+    opened: list[tuple[StorageSpec, Credentials | None]], uri: str
+) -> None:
+    run = make_run("r1").with_storage(uri=uri, endpoint="http://s3:8333", credentials_secret="s")
+    kube = FakeKube({f"{run.namespace}/s": SECRET})
+
+    store, location = usercli.run_store(cast(Kube, kube), _object(run.ref()))
+
+    env = {e["name"]: e["value"] for e in storage_env(run.ref()) if "value" in e}
+    assert location == parse_uri(env[contract.ENV_STORAGE_URI])
+    assert location.prefix.endswith(f"{run.namespace}/r1")
+    assert store.bucket == "ckpt-bucket"
+    assert opened == [(run.spec().checkpoint.storage, Credentials("AKIA", "s3cr3t"))]
+
+
+def test_run_store_without_its_secret_names_it(
+    opened: list[tuple[StorageSpec, Credentials | None]],
+) -> None:
+    run = make_run("r1").with_storage(credentials_secret="gone")
+
+    with pytest.raises(CredentialsSecretError, match=f"Secret {run.namespace}/gone"):
+        usercli.run_store(cast(Kube, FakeKube({})), _object(run.ref()))
+    assert opened == []
+
+
+def _object(ref: RunRef) -> dict[str, Any]:
+    """The TrainingRun as the API server returns it (camelCase JSON)."""
+    return {
+        "metadata": {"name": ref.name, "namespace": ref.namespace, "uid": ref.uid},
+        "spec": ref.spec.model_dump(mode="json", by_alias=True, exclude_none=True),
+    }
+
+
+# -- checkpoint rows ---------------------------------------------------------------------------
+
+RUN = Location("ckpt", "runs/ml/r1")
+FILES = {"model.safetensors": b"w" * 3000, "optimizer.pt": b"adam"}
+
+
+class FakeStore:
+    """The two calls checkpoint_rows makes, over a dict of key -> bytes."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.gets: list[str] = []
+
+    def get(self, key: str) -> bytes | None:
+        self.gets.append(key)
+        return self.objects.get(key)
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        for key in sorted(self.objects):
+            if key.startswith(prefix):
+                yield key, len(self.objects[key])
+
+    def commit(self, *steps: int) -> FakeStore:
+        for step in steps:
+            files = [
+                FileEntry(path=p, size=len(d), checksum_algorithm="CRC64NVME", checksum="x")
+                for p, d in FILES.items()
+            ]
+            for path, data in FILES.items():
+                self.objects[RUN.key(checkpoint_prefix(step), path)] = data
+            ckpt = CheckpointManifest(version=MANIFEST_VERSION, step=step, files=files, created="t")
+            self.objects[RUN.key(checkpoint_prefix(step), CHECKPOINT_MANIFEST)] = (
+                ckpt.model_dump_json().encode()
+            )
+        manifest = RunManifest(
+            entries=[
+                ManifestEntry(
+                    step=s, prefix=checkpoint_prefix(s), committed=f"t{s}", files=2, bytes=3004
+                )
+                for s in steps
+            ]
+        )
+        self.objects[RUN.key(RUN_MANIFEST)] = manifest.to_json()
+        return self
+
+
+def test_checkpoint_rows_verify_as_the_operator_does() -> None:
+    fake = FakeStore().commit(10, 20, 30, 40)
+    del fake.objects[RUN.key(checkpoint_prefix(30), "optimizer.pt")]
+    del fake.objects[RUN.key(checkpoint_prefix(20), CHECKPOINT_MANIFEST)]
+
+    rows = usercli.checkpoint_rows(cast(Store, fake), RUN, bad={40})
+
+    assert [(r[0], r[4]) for r in rows] == [
+        (40, "no: marked bad by a restore"),
+        (30, "no: optimizer.pt is missing"),
+        (20, f"no: {CHECKPOINT_MANIFEST} is missing"),
+        (10, "yes"),
+    ]
+    assert rows[-1][1:4] == ("2.9 KiB", "t10", "2")
+    assert not any("checkpoint-40/" in key for key in fake.gets)
+
+
+def test_no_manifest_no_rows() -> None:
+    assert usercli.checkpoint_rows(cast(Store, FakeStore()), RUN, bad=set()) == []
