@@ -118,8 +118,22 @@ def crd(localenv: localenv_mod.LocalEnv, api_client: Any) -> str:
 
 @pytest.fixture(scope="session")
 def operator(
-    localenv: localenv_mod.LocalEnv, crd: str, tmp_path_factory: pytest.TempPathFactory
+    localenv: localenv_mod.LocalEnv,
+    crd: str,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[OperatorProcess]:
+    stopped = localenv_mod.stop_operator(localenv)
+    if stopped:
+        # `make demo` leaves its operator running on the environment the tests reuse.
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        message = (
+            f"stopped the operator that `make demo` started (pid {stopped}): the tests run "
+            "their own, and two operators would both act on every run; `make demo` starts it "
+            "again"
+        )
+        if reporter is not None:
+            reporter.write_line(f"\n[conftest] {message}")
     proc = OperatorProcess(
         localenv,
         tmp_path_factory.mktemp("operator") / "operator.log",

@@ -461,6 +461,22 @@ def start_operator(env: LocalEnv) -> int:
     return proc.pid
 
 
+def stop_operator(env: LocalEnv) -> int | None:
+    """Stops the operator ``start_operator`` started in this environment (``make demo``), if it
+    runs; returns its pid. A test session runs its own operator: two would both act on every
+    run and split its Events and metrics between them."""
+    pid_file = state_dir(env.name) / "operator.pid"
+    try:
+        pid = int(pid_file.read_text() or 0)
+    except (FileNotFoundError, ValueError):
+        return None
+    pid_file.unlink(missing_ok=True)
+    if not pid or not _pid_alive(pid):
+        return None
+    stop_pid(pid)
+    return pid
+
+
 def down(quiet: bool = False) -> None:
     """Stops every process of this checkout's environment and removes its state."""
     name = env_name()

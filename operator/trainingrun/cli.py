@@ -1,6 +1,6 @@
 """``trainingrun``: one command, one subcommand per part.
 
-- ``trainingrun operator``: the controller (kopf).
+- ``trainingrun operator``: the operator (kopf; ``trainingrun.handlers``).
 - ``trainingrun sync``: the checkpoint sync sidecar (configured by environment, set by the
   operator).
 - ``trainingrun restore``: the restore init container (exit 3: the checkpoint is bad).
@@ -48,11 +48,18 @@ def _limit_malloc_arenas() -> None:
 def _operator(args: argparse.Namespace) -> int:
     import kopf
 
+    from trainingrun.settings import ConfigurationError, OperatorSettings
+
+    try:
+        settings = OperatorSettings.from_env()
+    except ConfigurationError as e:
+        print(f"trainingrun operator: {e}", file=sys.stderr)
+        return c.EXIT_USAGE
     _limit_malloc_arenas()
 
-    from trainingrun import controller  # registers the handlers
+    from trainingrun import handlers  # registers the handlers
 
-    del controller
+    del handlers
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
@@ -69,6 +76,7 @@ def _operator(args: argparse.Namespace) -> int:
         standalone=not args.peering,
         peering_name=args.peering or None,
         liveness_endpoint=args.liveness or None,
+        memo=kopf.Memo(settings=settings),
     )
     return 0
 

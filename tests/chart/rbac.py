@@ -3,7 +3,7 @@ chart's RBAC is checked against these tables by the render tests (tests/chart) a
 API server by ``kubectl auth can-i`` (tests/integration/test_chart.py).
 
 The application entries are every call in ``trainingrun/kube.py`` plus the kopf watches that
-``trainingrun/controller.py`` registers; the framework entries are what kopf needs to discover
+``trainingrun/handlers.py`` registers; the framework entries are what kopf needs to discover
 resources and keep its peering keep-alive.
 """
 

@@ -5,7 +5,7 @@ line; a documented key that holds a map or a list documents everything under it.
 must be documented: a leaf with no documented key on its path is an error that names it.
 
     python -m tests.chart.readme --write   # make chart-readme
-    python -m tests.chart.readme --check   # make chart-check: exit 1 when README.md is stale
+    python -m tests.chart.readme --check   # exit 1 when README.md is stale
 """
 
 from __future__ import annotations

@@ -18,8 +18,8 @@ import pytest
 
 from tests.chart import rbac, readme
 from tests.chart.support import CHART, REPO, grants, helm_run, of_kind, only, template
-from trainingrun.controller import OperatorSettings
 from trainingrun.decide.pod import AgentSettings
+from trainingrun.settings import OperatorSettings
 
 ROLE_KINDS = ("ClusterRole", "Role")
 

@@ -21,6 +21,9 @@ from datetime import UTC, datetime
 from typing import Any, Self
 
 from trainingrun.api import (
+    GROUP,
+    KIND,
+    VERSION,
     CheckpointRef,
     RestartPolicySpec,
     TrainingRunSpec,
@@ -278,6 +281,14 @@ class PodBuilder:
 
     def annotated(self, key: str, value: str) -> Self:
         self._pod["metadata"]["annotations"][key] = value
+        return self
+
+    def owned_by(self, run: str, uid: str) -> Self:
+        """The controller owner reference the operator sets on the pods it creates."""
+        self._pod["metadata"]["ownerReferences"] = [
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": run, "uid": uid}
+            | {"controller": True, "blockOwnerDeletion": True}
+        ]
         return self
 
     def with_notice_annotation(self, value: str = "rebalance recommendation") -> Self:

@@ -24,15 +24,15 @@ from tests.unit.builders import restart_policy
 from trainingrun.api import RestartPolicySpec
 from trainingrun.decide.classify import End, Outcome
 from trainingrun.decide.policy import (
-    REASON_CRASH_LOOP,
-    REASON_PREEMPTIONS_EXHAUSTED,
-    REASON_RESTARTS_EXHAUSTED,
     Action,
     Counters,
     Decision,
     backoff_seconds,
     decide,
 )
+from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
+from trainingrun.decide.reasons import PREEMPTIONS_EXHAUSTED as REASON_PREEMPTIONS_EXHAUSTED
+from trainingrun.decide.reasons import RESTARTS_EXHAUSTED as REASON_RESTARTS_EXHAUSTED
 
 SUCCEEDED = Outcome(End.SUCCEEDED, "Succeeded", "the trainer exited 0")
 FAILED = Outcome(End.FAILED, "Error", "the trainer exited 1")

@@ -1,4 +1,4 @@
-"""plan(), started(), set_condition(), phase_of() and invalid_spec(): reconcile passes as pure
+"""plan(), started(), set_condition(), phase_of() and fail(): reconcile passes as pure
 functions, driven through the sequences a run goes through.
 
 Covers:
@@ -26,7 +26,7 @@ Covers:
   with an unchanged world changes nothing;
 - crash loops are still caught when the attempts resume below a checkpoint recorded as bad, and
   a bad checkpoint is recorded even when the pod's start was not (started() write lost);
-- phase_of() and invalid_spec().
+- phase_of() and fail().
 """
 
 from __future__ import annotations
@@ -38,29 +38,25 @@ import pytest
 
 from tests.unit.builders import T0, RunBuilder, make_node, make_pod, make_run, pod_from
 from trainingrun.api import Condition, TrainingRunStatus
+from trainingrun.contract import parse_time, rfc3339
+from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import IMAGE_PULL_GRACE_SECONDS
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
-from trainingrun.decide.policy import (
-    REASON_CRASH_LOOP,
-    REASON_RESTARTS_EXHAUSTED,
-)
+from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
+from trainingrun.decide.reasons import FAILED, RUNNING, SUCCEEDED
+from trainingrun.decide.reasons import RESTARTS_EXHAUSTED as REASON_RESTARTS_EXHAUSTED
 from trainingrun.decide.reconcile import (
-    FAILED,
     PHASE_BACKOFF,
     PHASE_FAILED,
     PHASE_PENDING,
     PHASE_RUNNING,
     PHASE_SUCCEEDED,
-    RUNNING,
-    SUCCEEDED,
     Event,
     Observed,
     Plan,
-    invalid_spec,
-    parse_time,
+    fail,
     phase_of,
     plan,
-    rfc3339,
     set_condition,
     started,
 )
@@ -692,16 +688,25 @@ def test_phase_of(status: TrainingRunStatus, phase: str) -> None:
     assert phase_of(status) == phase
 
 
-def test_invalid_spec_fails_the_run_with_the_reason() -> None:
+@pytest.mark.parametrize(
+    ("reason", "message"),
+    [
+        (R.INVALID_SPEC, "spec.checkpoint.storage: Field required"),
+        (R.MISSING_SECRET, "Secret ns/creds named by spec.checkpoint.storage... does not exist"),
+    ],
+    ids=["invalid-spec", "missing-secret"],
+)
+def test_fail_sets_one_reason_in_status_condition_and_event(reason: str, message: str) -> None:
     d, _ = _launched(make_run("r1"))
     later = T0 + timedelta(minutes=1)
 
-    new = invalid_spec(d.status, 4, "spec.checkpoint.storage: Field required", later)
+    new, event = fail(d.status, 4, reason, message, later)
 
     assert new.phase == PHASE_FAILED
-    assert (new.reason, new.message) == ("InvalidSpec", "spec.checkpoint.storage: Field required")
+    assert (new.reason, new.message) == (reason, message)
     assert new.observed_generation == 4
     failed = _condition(new, FAILED)
-    assert (failed.status, failed.reason) == ("True", "InvalidSpec")
+    assert (failed.status, failed.reason, failed.message) == ("True", reason, message)
     assert failed.last_transition_time == rfc3339(later)
+    assert event == Event("Warning", reason, message)
     assert plan(make_run("r1").observe(status=new)).create_attempt is None

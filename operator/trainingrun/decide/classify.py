@@ -28,6 +28,7 @@ from trainingrun.contract import (
     TIME_FORMAT,
     TRAINER_CONTAINER,
 )
+from trainingrun.decide import reasons as R
 
 PREEMPTING_POD_REASONS = frozenset({"Shutdown", "Evicted", "NodeLost", "Terminated", "Preempting"})
 PERMANENT_WAITING_REASONS = frozenset(
@@ -39,7 +40,6 @@ PERMANENT_WAITING_REASONS = frozenset(
 # scheduled: about five pulls.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 IMAGE_PULL_GRACE_SECONDS = 300
-IMAGE_PULL_RETRYING = "ImagePullRetrying"
 
 
 class End(Enum):
@@ -47,7 +47,7 @@ class End(Enum):
     SUCCEEDED = "Succeeded"
     PREEMPTED = "Preempted"
     FAILED = "Failed"
-    CHECKPOINT_BAD = "CheckpointBad"
+    CHECKPOINT_BAD = R.CHECKPOINT_BAD
     PERMANENT = "Permanent"
 
 
@@ -130,7 +130,7 @@ def classify(
 ) -> Outcome:
     """Classifies the attempt whose pod is ``pod`` (None: the pod is gone) at time ``now``."""
     if pod is None:
-        return Outcome(End.PREEMPTED, "PodDeleted", "the attempt's pod was deleted")
+        return Outcome(End.PREEMPTED, R.POD_DELETED, "the attempt's pod was deleted")
     status = pod.get("status") or {}
     phase = status.get("phase")
 
@@ -138,20 +138,16 @@ def classify(
     # A deletion grace of 0 is the final removal, the pod's last state: nothing more will come.
     removed = meta.get("deletionGracePeriodSeconds") == 0
 
-    disruption = _condition(pod, "DisruptionTarget")
-    if disruption and disruption.get("status") == "True":
-        reason = str(disruption.get("reason") or "DisruptionTarget")
-        if phase not in ("Succeeded", "Failed") and not removed and _node_alive(node, node_deleted):
-            # Its kubelet is stopping it: the trainer saves at the next step end and the
-            # sidecar commits that checkpoint within the grace period. Resubmitting now would
-            # resume from an older checkpoint and lose those steps.
-            return Outcome(End.NOT_ENDED, "Terminating", f"{reason}: saving and stopping")
-        return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
+    stopping = phase not in ("Succeeded", "Failed") and not removed
+    stopping = stopping and _node_alive(node, node_deleted)
+    disrupted = _disrupted(pod, stopping)
+    if disrupted is not None:
+        return disrupted
 
     restore = _terminated(_container_status(pod, RESTORE_CONTAINER))
     if restore and restore.get("exitCode") == EXIT_CHECKPOINT_BAD:
         msg = str(restore.get("message") or "restore found the checkpoint corrupt")
-        return Outcome(End.CHECKPOINT_BAD, "CheckpointBad", msg.strip())
+        return Outcome(End.CHECKPOINT_BAD, R.CHECKPOINT_BAD, msg.strip())
 
     trainer_status = _container_status(pod, TRAINER_CONTAINER)
     trainer = _terminated(trainer_status)
@@ -161,57 +157,94 @@ def classify(
             # the run ends with the pod, so its status names that checkpoint.
             return Outcome(
                 End.NOT_ENDED,
-                "Finishing",
+                R.FINISHING,
                 "the trainer exited 0; the sidecar commits the last checkpoint",
             )
-        return Outcome(End.SUCCEEDED, "Succeeded", "the trainer exited 0")
+        return Outcome(End.SUCCEEDED, R.SUCCEEDED, "the trainer exited 0")
     if phase == "Succeeded":
-        return Outcome(End.SUCCEEDED, "Succeeded", "the pod succeeded")
+        return Outcome(End.SUCCEEDED, R.SUCCEEDED, "the pod succeeded")
 
     if meta.get("deletionTimestamp"):
         # Deleted without a DisruptionTarget (`kubectl delete pod`, a tool that deletes instead
         # of evicting): someone else's doing, since the operator deletes an attempt's pod only
         # after recording its end. Like an eviction, it waits for the save at SIGTERM.
         if phase != "Failed" and not removed and _node_alive(node, node_deleted):
-            return Outcome(End.NOT_ENDED, "Terminating", "the pod is being deleted: saving")
-        return Outcome(End.PREEMPTED, "PodDeleted", "the attempt's pod was deleted")
+            return Outcome(End.NOT_ENDED, R.TERMINATING, "the pod is being deleted: saving")
+        return Outcome(End.PREEMPTED, R.POD_DELETED, "the attempt's pod was deleted")
 
-    for s in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
-        waiting = (s.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in PERMANENT_WAITING_REASONS:
-            detail = waiting.get("message") or waiting["reason"]
-            message = f"container {s.get('name')}: {detail}"
-            since = _scheduled_at(pod)
-            if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
-                deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)
-                if now < deadline:
-                    until = deadline.strftime(TIME_FORMAT)
-                    return Outcome(
-                        End.NOT_ENDED,
-                        IMAGE_PULL_RETRYING,
-                        f"{message} (the kubelet retries; the run fails if the image is still "
-                        f"not pulled at {until})",
-                        decide_at=deadline,
-                    )
-            return Outcome(End.PERMANENT, str(waiting["reason"]), message)
+    stuck = _stuck_waiting(pod, now)
+    if stuck is not None:
+        return stuck
 
+    return _lost_or_failed(pod, trainer, node, node_deleted, notice_taints)
+
+
+def _lost_or_failed(
+    pod: Mapping[str, Any],
+    trainer: Mapping[str, Any] | None,
+    node: Mapping[str, Any] | None,
+    node_deleted: bool,
+    notice_taints: Iterable[str],
+) -> Outcome:
+    """The node or the pod was lost (a preemption), or the pod ended by itself: a failure,
+    unless a notice came first (then the failure is the preemption's doing)."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
     if node_deleted:
-        return Outcome(End.PREEMPTED, "NodeDeleted", "the pod's node was deleted")
+        return Outcome(End.PREEMPTED, R.NODE_DELETED, "the pod's node was deleted")
     if status.get("reason") in PREEMPTING_POD_REASONS:
         reason = str(status["reason"])
         return Outcome(End.PREEMPTED, reason, str(status.get("message") or reason))
     if (pod.get("spec") or {}).get("nodeName") and node_not_ready(node):
-        return Outcome(End.PREEMPTED, "NodeNotReady", "the pod's node is not ready")
-
+        return Outcome(End.PREEMPTED, R.NODE_NOT_READY, "the pod's node is not ready")
     if phase == "Failed" or trainer:
-        notice = (meta.get("annotations") or {}).get(ANNOTATION_NOTICE)
-        notice = notice or node_notice(node, notice_taints)
+        annotations = (pod.get("metadata") or {}).get("annotations") or {}
+        notice = annotations.get(ANNOTATION_NOTICE) or node_notice(node, notice_taints)
         if notice:
             return Outcome(
-                End.PREEMPTED, "PreemptionNotice", f"ended after preemption notice ({notice})"
+                End.PREEMPTED, R.PREEMPTION_NOTICE, f"ended after preemption notice ({notice})"
             )
         return _failure(pod, trainer)
     return Outcome(End.NOT_ENDED, str(phase or "Pending"), "")
+
+
+def _disrupted(pod: Mapping[str, Any], stopping: bool) -> Outcome | None:
+    """The pod's ``DisruptionTarget`` condition (eviction, preemption by the scheduler, taint
+    manager, pod GC, kubelet): a preemption once the pod stopped; while its kubelet is still
+    ``stopping`` it, not yet: the trainer saves at the next step end and the sidecar commits that
+    checkpoint within the grace period, and resubmitting now would resume from an older one."""
+    disruption = _condition(pod, "DisruptionTarget")
+    if not disruption or disruption.get("status") != "True":
+        return None
+    reason = str(disruption.get("reason") or R.DISRUPTION_TARGET)
+    if stopping:
+        return Outcome(End.NOT_ENDED, R.TERMINATING, f"{reason}: saving and stopping")
+    return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
+
+
+def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
+    """A container the kubelet cannot start (bad image, missing Secret or ConfigMap): a
+    permanent end, except an image pull, which gets ``IMAGE_PULL_GRACE_SECONDS`` of retries."""
+    for s in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
+        waiting = (s.get("state") or {}).get("waiting") or {}
+        if waiting.get("reason") not in PERMANENT_WAITING_REASONS:
+            continue
+        detail = waiting.get("message") or waiting["reason"]
+        message = f"container {s.get('name')}: {detail}"
+        since = _scheduled_at(pod)
+        if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
+            deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)
+            if now < deadline:
+                until = deadline.strftime(TIME_FORMAT)
+                return Outcome(
+                    End.NOT_ENDED,
+                    R.IMAGE_PULL_RETRYING,
+                    f"{message} (the kubelet retries; the run fails if the image is still "
+                    f"not pulled at {until})",
+                    decide_at=deadline,
+                )
+        return Outcome(End.PERMANENT, str(waiting["reason"]), message)
+    return None
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
@@ -234,18 +267,18 @@ def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
 def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outcome:
     if trainer:
         code = trainer.get("exitCode")
-        if trainer.get("reason") == "OOMKilled":
-            return Outcome(End.FAILED, "OOMKilled", f"the trainer ran out of memory (exit {code})")
+        if trainer.get("reason") == R.OOM_KILLED:
+            return Outcome(End.FAILED, R.OOM_KILLED, f"the trainer ran out of memory (exit {code})")
         detail = str(trainer.get("message") or "").strip()
         msg = f"the trainer exited {code}" + (f": {detail}" if detail else "")
-        return Outcome(End.FAILED, "Error", msg)
+        return Outcome(End.FAILED, R.TRAINER_ERROR, msg)
     for s in _statuses(pod, "initContainerStatuses"):
         term = _terminated(s)
         if term and term.get("exitCode") not in (0, None):
             return Outcome(
                 End.FAILED,
-                "InitFailed",
+                R.INIT_FAILED,
                 f"init container {s.get('name')} exited {term.get('exitCode')}",
             )
     status = pod.get("status") or {}
-    return Outcome(End.FAILED, "PodFailed", str(status.get("message") or "the pod failed"))
+    return Outcome(End.FAILED, R.POD_FAILED, str(status.get("message") or "the pod failed"))

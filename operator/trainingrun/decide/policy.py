@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from trainingrun.api import RestartPolicySpec
+from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import End, Outcome
 
 
@@ -37,12 +38,6 @@ class Decision:
     delay_seconds: int = 0
 
 
-# Reasons the run ends with.
-REASON_RESTARTS_EXHAUSTED = "RestartBudgetExhausted"
-REASON_PREEMPTIONS_EXHAUSTED = "PreemptionBudgetExhausted"
-REASON_CRASH_LOOP = "CrashLoop"
-
-
 def backoff_seconds(policy: RestartPolicySpec, consecutive_failures: int) -> int:
     """Wait before the next attempt after ``consecutive_failures`` failures in a row (>= 1)."""
     if consecutive_failures <= 0:
@@ -67,67 +62,87 @@ def decide(
     the attempt started from continues a crash-loop streak.
     """
     if outcome.end is End.SUCCEEDED:
-        return Decision(Action.FINISH, counters, "Succeeded", outcome.message)
+        return Decision(Action.FINISH, counters, R.SUCCEEDED, outcome.message)
     if outcome.end is End.PERMANENT:
         return Decision(Action.FAIL, counters, outcome.reason, outcome.message)
     if outcome.end is End.CHECKPOINT_BAD:
-        bad = counters.bad_checkpoints
-        if resume_step is not None and resume_step not in bad:
-            bad = (*bad, resume_step)
-        return Decision(
-            Action.RESUBMIT,
-            Counters(counters.restarts, counters.preemptions, counters.consecutive_failures, bad),
-            "CheckpointBad",
-            f"checkpoint {resume_step} failed verification; falling back: {outcome.message}",
-        )
+        return _checkpoint_bad(outcome, counters, resume_step)
     if outcome.end is End.PREEMPTED:
-        preemptions = counters.preemptions + 1
-        new = Counters(
-            counters.restarts,
-            preemptions,
-            counters.consecutive_failures,
-            counters.bad_checkpoints,
-        )
-        limit = policy.max_preemptions
-        if limit is not None and preemptions > limit:
-            return Decision(
-                Action.FAIL,
-                new,
-                REASON_PREEMPTIONS_EXHAUSTED,
-                f"preempted {preemptions} times, more than maxPreemptions={limit}",
-            )
-        return Decision(Action.RESUBMIT, new, "Preempted", f"{outcome.reason}: {outcome.message}")
+        return _preempted(outcome, counters, policy)
     if outcome.end is End.FAILED:
-        restarts = counters.restarts + 1
-        # Progress: a checkpoint newer than the one the attempt started from, and not one that
-        # failed verification (it cannot be resumed from, so it does not end a crash loop).
-        progressed = (
-            latest_step is not None
-            and latest_step not in counters.bad_checkpoints
-            and (resume_step is None or latest_step > resume_step)
-        )
-        streak = 0 if progressed else counters.consecutive_failures + 1
-        new = Counters(restarts, counters.preemptions, streak, counters.bad_checkpoints)
-        if restarts > policy.max_restarts:
-            return Decision(
-                Action.FAIL,
-                new,
-                REASON_RESTARTS_EXHAUSTED,
-                f"failed {restarts} times, more than maxRestarts={policy.max_restarts}; "
-                f"last: {outcome.message}",
-            )
-        if streak >= policy.crash_loop_limit:
-            return Decision(
-                Action.FAIL,
-                new,
-                REASON_CRASH_LOOP,
-                f"{streak} failures in a row with no new checkpoint; last: {outcome.message}",
-            )
-        return Decision(
-            Action.RESUBMIT,
-            new,
-            "Failed",
-            f"{outcome.reason}: {outcome.message}",
-            delay_seconds=backoff_seconds(policy, max(streak, 1)),
-        )
+        return _failed(outcome, counters, policy, resume_step, latest_step)
     raise ValueError(f"decide() needs an ended attempt, got {outcome.end}")
+
+
+def _checkpoint_bad(outcome: Outcome, counters: Counters, resume_step: int | None) -> Decision:
+    """The restore refused the checkpoint: record it as bad and resume from the one before,
+    spending no budget."""
+    bad = counters.bad_checkpoints
+    if resume_step is not None and resume_step not in bad:
+        bad = (*bad, resume_step)
+    return Decision(
+        Action.RESUBMIT,
+        Counters(counters.restarts, counters.preemptions, counters.consecutive_failures, bad),
+        R.CHECKPOINT_BAD,
+        f"checkpoint {resume_step} failed verification; falling back: {outcome.message}",
+    )
+
+
+def _preempted(outcome: Outcome, counters: Counters, policy: RestartPolicySpec) -> Decision:
+    """A preemption spends ``maxPreemptions`` (unlimited by default), never the restarts."""
+    preemptions = counters.preemptions + 1
+    new = Counters(
+        counters.restarts, preemptions, counters.consecutive_failures, counters.bad_checkpoints
+    )
+    limit = policy.max_preemptions
+    if limit is not None and preemptions > limit:
+        return Decision(
+            Action.FAIL,
+            new,
+            R.PREEMPTIONS_EXHAUSTED,
+            f"preempted {preemptions} times, more than maxPreemptions={limit}",
+        )
+    return Decision(Action.RESUBMIT, new, R.PREEMPTED, f"{outcome.reason}: {outcome.message}")
+
+
+def _failed(
+    outcome: Outcome,
+    counters: Counters,
+    policy: RestartPolicySpec,
+    resume_step: int | None,
+    latest_step: int | None,
+) -> Decision:
+    """A failure spends ``maxRestarts``; without progress it continues a crash-loop streak,
+    and the next attempt waits out the backoff."""
+    restarts = counters.restarts + 1
+    # Progress: a checkpoint newer than the one the attempt started from, and not one that
+    # failed verification (it cannot be resumed from, so it does not end a crash loop).
+    progressed = (
+        latest_step is not None
+        and latest_step not in counters.bad_checkpoints
+        and (resume_step is None or latest_step > resume_step)
+    )
+    streak = 0 if progressed else counters.consecutive_failures + 1
+    new = Counters(restarts, counters.preemptions, streak, counters.bad_checkpoints)
+    if restarts > policy.max_restarts:
+        return Decision(
+            Action.FAIL,
+            new,
+            R.RESTARTS_EXHAUSTED,
+            f"failed {restarts} times, more than maxRestarts={policy.max_restarts}; "
+            f"last: {outcome.message}",
+        )
+    if streak >= policy.crash_loop_limit:
+        return Decision(
+            Action.FAIL,
+            new,
+            R.CRASH_LOOP,
+            f"{streak} failures in a row with no new checkpoint; last: {outcome.message}",
+        )
+    return Decision(
+        Action.RESUBMIT,
+        new,
+        R.FAILED_ATTEMPT,
+        f"{outcome.reason}: {outcome.message}",
+        delay_seconds=backoff_seconds(policy, max(streak, 1)),
+    )

@@ -26,15 +26,12 @@ from typing import Any
 
 from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, parse_time, rfc3339
-from trainingrun.decide.classify import IMAGE_PULL_RETRYING, Outcome, classify, stops_by_itself
+from trainingrun.decide import reasons as R
+from trainingrun.decide.classify import Outcome, classify, stops_by_itself
 from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
 
-# Condition types (states) and the phase they imply.
-RUNNING = "Running"
-SUCCEEDED = "Succeeded"
-FAILED = "Failed"
-
+# The display phases, derived from the conditions (R.RUNNING, R.SUCCEEDED, R.FAILED).
 PHASE_PENDING = "Pending"
 PHASE_RUNNING = "Running"
 PHASE_BACKOFF = "Backoff"
@@ -95,21 +92,36 @@ def set_condition(
     return [*(c for c in conditions if c.type != ctype), new]
 
 
+def condition_event(
+    conditions: list[Condition],
+    ctype: str,
+    status: bool,
+    reason: str,
+    message: str,
+    generation: int,
+    now: datetime,
+) -> tuple[list[Condition], Event]:
+    """Sets one condition and derives the Event that reports it: the same reason and message,
+    Normal or Warning by the reason. Every transition a user sees goes through here."""
+    conds = set_condition(conditions, ctype, status, reason, message, generation, now)
+    return conds, Event(R.event_type(reason), reason, message)
+
+
 def _is_true(status: TrainingRunStatus, ctype: str) -> bool:
     return any(c.type == ctype and c.status == "True" for c in status.conditions)
 
 
 def is_finished(status: TrainingRunStatus) -> bool:
-    return _is_true(status, SUCCEEDED) or _is_true(status, FAILED)
+    return _is_true(status, R.SUCCEEDED) or _is_true(status, R.FAILED)
 
 
 def phase_of(status: TrainingRunStatus) -> str:
     """The display phase, derived from the conditions."""
-    if _is_true(status, FAILED):
+    if _is_true(status, R.FAILED):
         return PHASE_FAILED
-    if _is_true(status, SUCCEEDED):
+    if _is_true(status, R.SUCCEEDED):
         return PHASE_SUCCEEDED
-    if _is_true(status, RUNNING):
+    if _is_true(status, R.RUNNING):
         return PHASE_RUNNING
     if status.next_attempt_time:
         return PHASE_BACKOFF
@@ -119,14 +131,6 @@ def phase_of(status: TrainingRunStatus) -> str:
 def _with(status: TrainingRunStatus, obs: Observed, **changes: Any) -> TrainingRunStatus:
     new = status.model_copy(update={"observed_generation": obs.generation, **changes})
     return new.model_copy(update={"phase": phase_of(new)})
-
-
-def _conditions_for_end(
-    status: TrainingRunStatus, obs: Observed, running: bool, reason: str, message: str
-) -> list[Condition]:
-    return set_condition(
-        status.conditions, RUNNING, running, reason, message, obs.generation, obs.now
-    )
 
 
 def _newer(latest: CheckpointRef | None, current: CheckpointRef | None) -> CheckpointRef | None:
@@ -160,7 +164,7 @@ def plan(obs: Observed) -> Plan:
         now=obs.now,
     )
     if not outcome.ended:
-        if obs.pod is not None and not _is_true(status, RUNNING):
+        if obs.pod is not None and not _is_true(status, R.RUNNING):
             # The pod exists but its start was not recorded (the write after its creation
             # failed, or the operator stopped between the two): record it as started() would.
             adopted, event = started(status, obs, obs.pod)
@@ -177,8 +181,8 @@ def plan(obs: Observed) -> Plan:
             new = new.model_copy(update={"reason": outcome.reason, "message": outcome.message})
             wait = max((outcome.decide_at - obs.now).total_seconds(), 0.0) + 1.0
             return Plan(new, requeue_after=wait)
-        if status.reason == IMAGE_PULL_RETRYING:  # the pull went through: back to the start's
-            running = next((c for c in status.conditions if c.type == RUNNING), None)
+        if status.reason == R.IMAGE_PULL_RETRYING:  # the pull went through: back to the start's
+            running = next((c for c in status.conditions if c.type == R.RUNNING), None)
             if running is not None:
                 new = new.model_copy(update={"reason": running.reason, "message": running.message})
         return Plan(new)
@@ -197,6 +201,16 @@ def _due(status: TrainingRunStatus, obs: Observed) -> Plan:
         new = _with(status, obs)
         return Plan(new, requeue_after=(due - obs.now).total_seconds())
     return Plan(_with(status, obs), create_attempt=status.attempt)
+
+
+def _still_running(obs: Observed) -> bool:
+    """A pod that still runs (node NotReady, notice) is deleted so it cannot write again; one
+    whose containers all stopped on a Ready node ends by itself and keeps its logs."""
+    return (
+        obs.pod is not None
+        and (obs.pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not stops_by_itself(obs.pod, obs.node, obs.node_deleted)
+    )
 
 
 def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
@@ -227,27 +241,21 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         "reason": d.reason,
         "message": d.message,
     }
-    # A pod that still runs (node NotReady, notice) is deleted so it cannot write again; one
-    # whose containers all stopped on a Ready node ends by itself and keeps its logs.
-    still_there = (
-        obs.pod is not None
-        and (obs.pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        and not stops_by_itself(obs.pod, obs.node, obs.node_deleted)
-    )
-    delete = current if still_there else None
+    delete = current if _still_running(obs) else None
     attempt_msg = f"attempt {status.attempt} ({current}): {d.message}"
-    conds = _conditions_for_end(status, obs, False, d.reason, attempt_msg)
+    gen, now = obs.generation, obs.now
+    conds, event = condition_event(
+        status.conditions, R.RUNNING, False, d.reason, attempt_msg, gen, now
+    )
 
     if d.action is Action.FINISH:
-        conds = set_condition(
-            conds, SUCCEEDED, True, "Succeeded", attempt_msg, obs.generation, obs.now
-        )
+        conds, event = condition_event(conds, R.SUCCEEDED, True, d.reason, attempt_msg, gen, now)
         new = _with(status, obs, conditions=conds, next_attempt_time=None, **base)
-        return Plan(new, events=[Event("Normal", "Succeeded", attempt_msg)])
+        return Plan(new, events=[event])
     if d.action is Action.FAIL:
-        conds = set_condition(conds, FAILED, True, d.reason, attempt_msg, obs.generation, obs.now)
+        conds, event = condition_event(conds, R.FAILED, True, d.reason, attempt_msg, gen, now)
         new = _with(status, obs, conditions=conds, next_attempt_time=None, **base)
-        return Plan(new, delete_pod=delete, events=[Event("Warning", d.reason, attempt_msg)])
+        return Plan(new, delete_pod=delete, events=[event])
 
     next_time = obs.now + timedelta(seconds=d.delay_seconds) if d.delay_seconds else None
     new = _with(
@@ -259,8 +267,7 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         next_attempt_time=rfc3339(next_time) if next_time else None,
         **base,
     )
-    event_type = "Normal" if d.reason == "Preempted" else "Warning"
-    events = [Event(event_type, d.reason, attempt_msg)]
+    events = [event]
     if d.delay_seconds:
         return Plan(new, delete_pod=delete, events=events, requeue_after=float(d.delay_seconds))
     # Due now: the pod of the next attempt is asked for in this very plan (after its status).
@@ -276,10 +283,12 @@ def started(
     name = (pod.get("metadata") or {}).get("name", "")
     resume = _resume_step(pod)
     if resume is not None:
-        reason, msg = "Resumed", f"attempt {status.attempt} ({name}) resumes from step {resume}"
+        reason, msg = R.RESUMED, f"attempt {status.attempt} ({name}) resumes from step {resume}"
     else:
-        reason, msg = "Started", f"attempt {status.attempt} ({name}) starts from scratch"
-    conds = set_condition(status.conditions, RUNNING, True, reason, msg, obs.generation, obs.now)
+        reason, msg = R.STARTED, f"attempt {status.attempt} ({name}) starts from scratch"
+    conds, event = condition_event(
+        status.conditions, R.RUNNING, True, reason, msg, obs.generation, obs.now
+    )
     new = _with(
         status,
         obs,
@@ -290,20 +299,23 @@ def started(
         reason=reason,
         message=msg,
     )
-    return new, Event("Normal", reason, msg)
+    return new, event
 
 
-def invalid_spec(
-    status: TrainingRunStatus, generation: int, message: str, now: datetime
-) -> TrainingRunStatus:
-    """Status of a run whose spec is unusable: failed at once, with the reason."""
-    conds = set_condition(status.conditions, FAILED, True, "InvalidSpec", message, generation, now)
+def fail(
+    status: TrainingRunStatus, generation: int, reason: str, message: str, now: datetime
+) -> tuple[TrainingRunStatus, Event]:
+    """A run that cannot go on (R.INVALID_SPEC, R.MISSING_SECRET): failed at once. The reason
+    is the same in status.reason, the Failed condition and the Event."""
+    conds, event = condition_event(
+        status.conditions, R.FAILED, True, reason, message, generation, now
+    )
     new = status.model_copy(
         update={
             "observed_generation": generation,
             "conditions": conds,
-            "reason": "InvalidSpec",
+            "reason": reason,
             "message": message,
         }
     )
-    return new.model_copy(update={"phase": phase_of(new)})
+    return new.model_copy(update={"phase": phase_of(new)}), event

@@ -1,0 +1,197 @@
+"""What the operator knows of the cluster without asking: the newest state seen of each run, pod
+and node, from watch events and from the answers to its own writes (like an informer's store).
+
+``Cache`` keeps one kind of object; ``slim_*`` keep of each object only what a pass reads (a pod's
+container specs and a node's images are most of their size). ``ClusterView`` reads through the
+caches to the API for an object they have never heard of.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from trainingrun.contract import LABEL_ATTEMPT
+
+
+def _rv(obj: Mapping[str, Any]) -> int:
+    value = str((obj.get("metadata") or {}).get("resourceVersion") or "")
+    return int(value) if value.isdigit() else -1
+
+
+def _pick(obj: Mapping[str, Any] | None, keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: obj[k] for k in keys if obj and k in obj}
+
+
+_POD_METADATA = (
+    "name",
+    "namespace",
+    "uid",
+    "resourceVersion",
+    "labels",
+    "annotations",
+    "deletionTimestamp",
+    "deletionGracePeriodSeconds",  # 0 in a removed pod's last state (classify reads it)
+    "ownerReferences",  # whose pod it is: a pod of the same name may be another run's
+)
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields of a pod a pass reads (classify, resume step, node, attempt label): the spec of
+    its containers is most of a pod's size and no pass looks at it again."""
+    spec = pod.get("spec") or {}
+    return {
+        "metadata": _pick(pod.get("metadata"), _POD_METADATA),
+        "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
+        "status": pod.get("status") or {},
+    }
+
+
+def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
+    """What classify() reads of a node: Ready and the taints (a node's images and addresses are
+    most of its size)."""
+    status = node.get("status") or {}
+    return {
+        "metadata": _pick(node.get("metadata"), ("name", "resourceVersion")),
+        "spec": _pick(node.get("spec"), ("taints",)),
+        "status": _pick(status, ("conditions",)),
+    }
+
+
+def slim_run(run: Mapping[str, Any]) -> dict[str, Any]:
+    """The run without managedFields and kubectl's copy of the last applied spec."""
+    meta = dict(run.get("metadata") or {})
+    meta.pop("managedFields", None)
+    annotations = meta.get("annotations")
+    if annotations and "kubectl.kubernetes.io/last-applied-configuration" in annotations:
+        meta["annotations"] = {
+            k: v
+            for k, v in annotations.items()
+            if k != "kubectl.kubernetes.io/last-applied-configuration"
+        }
+    return {**run, "metadata": meta}
+
+
+class Cache:
+    """The newest state seen of each object, from watch events and from the answers to the
+    operator's own writes (like an informer's store): a pass reads it instead of the API.
+    An older resourceVersion never replaces a newer one. ``slim`` keeps of each object only
+    what passes read."""
+
+    def __init__(
+        self, slim: Callable[[Mapping[str, Any]], dict[str, Any]], max_gone: int = 10000
+    ) -> None:
+        self._slim = slim
+        self._lock = threading.Lock()
+        self._live: dict[Any, dict[str, Any]] = {}
+        self._gone: OrderedDict[Any, dict[str, Any]] = OrderedDict()
+        self._max_gone = max_gone
+
+    def put(self, key: Any, obj: Mapping[str, Any]) -> None:
+        slim = self._slim(obj)
+        with self._lock:
+            old = self._live.get(key)
+            if old is None or _rv(slim) >= _rv(old):
+                self._live[key] = slim
+            self._gone.pop(key, None)
+
+    def gone(self, key: Any, last: Mapping[str, Any] | None) -> None:
+        """The object was deleted; ``last`` is its final state."""
+        slim = self._slim(last) if last else {}
+        with self._lock:
+            self._live.pop(key, None)
+            self._gone[key] = slim
+            while len(self._gone) > self._max_gone:
+                self._gone.popitem(last=False)
+
+    def get(self, key: Any) -> tuple[dict[str, Any] | None, bool]:
+        """(object, known): known is False when the cache has never heard of the key."""
+        with self._lock:
+            if key in self._live:
+                return self._live[key], True
+            if key in self._gone:
+                return None, True
+            return None, False
+
+    def seen(self, key: Any, obj: Mapping[str, Any]) -> bool:
+        """True when the cache already holds this very version of the object."""
+        with self._lock:
+            old = self._live.get(key)
+            return old is not None and _rv(old) == _rv(obj) >= 0
+
+    def keys(self) -> list[Any]:
+        with self._lock:
+            return list(self._live)
+
+    def values(self) -> list[dict[str, Any]]:
+        with self._lock:
+            return list(self._live.values())
+
+    def last(self, key: Any) -> dict[str, Any] | None:
+        with self._lock:
+            return self._gone.get(key)
+
+
+class ObjectReader(Protocol):
+    """The reads ``ClusterView`` falls back to (``trainingrun.kube.Kube`` has them)."""
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None: ...
+    def get_node(self, name: str) -> dict[str, Any] | None: ...
+
+
+class ClusterView:
+    """The caches of runs (by (namespace, name)), pods (by (namespace, name)) and nodes (by
+    name), read through to the API for an object they have never heard of."""
+
+    def __init__(self, api: ObjectReader) -> None:
+        self._api = api
+        self.runs = Cache(slim_run)
+        self.pods = Cache(slim_pod)
+        self.nodes = Cache(slim_node)
+
+    def run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        run, known = self.runs.get((namespace, name))
+        if not known:
+            run = self._api.get_run(namespace, name)
+            if run is not None:
+                self.runs.put((namespace, name), run)
+        return run
+
+    def pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        """The pod, or for a deleted pod its last state when that state says it ended (an
+        evicted pod is gone before a pass can read why)."""
+        key = (namespace, name)
+        pod, known = self.pods.get(key)
+        if pod is not None:
+            return pod
+        if known:
+            return self.pods.last(key)
+        pod = self._api.get_pod(namespace, name)
+        if pod is not None:
+            self.pods.put(key, pod)
+        return pod
+
+    def node(self, name: str) -> tuple[dict[str, Any] | None, bool]:
+        """(node, deleted)."""
+        node, known = self.nodes.get(name)
+        if known:
+            return node, node is None
+        node = self._api.get_node(name)
+        if node is not None:
+            self.nodes.put(name, node)
+        return node, node is None
+
+    def phases(self) -> list[str]:
+        """The phase of every run in the cache (scraped by the runs-by-phase gauge)."""
+        runs = self.runs.values()
+        return [str((run.get("status") or {}).get("phase") or "Pending") for run in runs]
+
+    def is_old_attempt(self, namespace: str, run: str, pod: Mapping[str, Any]) -> bool:
+        """A pod of an attempt before the run's current one (by the cached status)."""
+        cached, _ = self.runs.get((namespace, run))
+        current = int(((cached or {}).get("status") or {}).get("attempt") or 0)
+        label = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_ATTEMPT, "")
+        return label.isdigit() and current > 0 and int(label) < current

@@ -1,0 +1,62 @@
+"""Condition types and reasons, named once: the words of ``status.conditions``,
+``status.reason``, the Events and the transitions metric (docs/concepts.md lists them for users).
+
+Reasons are one PascalCase word each (Kubernetes API conventions). An Event's type follows from
+its reason: the ones in ``NORMAL`` are the run going as planned, every other one is a Warning.
+"""
+
+from __future__ import annotations
+
+# -- condition types (states) -----------------------------------------------------------------
+
+RUNNING = "Running"
+SUCCEEDED = "Succeeded"
+FAILED = "Failed"
+
+# -- how an attempt starts --------------------------------------------------------------------
+
+STARTED = "Started"  # from scratch
+RESUMED = "Resumed"  # from a committed checkpoint
+
+# -- what the policy makes of an ended attempt ------------------------------------------------
+
+PREEMPTED = "Preempted"
+FAILED_ATTEMPT = "Failed"
+CHECKPOINT_BAD = "CheckpointBad"
+RESTARTS_EXHAUSTED = "RestartBudgetExhausted"
+PREEMPTIONS_EXHAUSTED = "PreemptionBudgetExhausted"
+CRASH_LOOP = "CrashLoop"
+
+# -- a run that cannot go on ------------------------------------------------------------------
+
+INVALID_SPEC = "InvalidSpec"
+MISSING_SECRET = "MissingSecret"  # noqa: S105 - a reason, not a secret
+
+# -- why the operator waits (Events) ----------------------------------------------------------
+
+STORAGE_UNAVAILABLE = "StorageUnavailable"
+CHECKPOINT_SKIPPED = "CheckpointSkipped"
+POD_FORBIDDEN = "PodForbidden"
+POD_NAME_TAKEN = "PodNameTaken"
+
+# -- what classify saw (the detail of an ending, or of a pod not ended yet) -------------------
+
+DISRUPTION_TARGET = "DisruptionTarget"
+POD_DELETED = "PodDeleted"
+NODE_DELETED = "NodeDeleted"
+NODE_NOT_READY = "NodeNotReady"
+PREEMPTION_NOTICE = "PreemptionNotice"
+OOM_KILLED = "OOMKilled"
+TRAINER_ERROR = "Error"
+INIT_FAILED = "InitFailed"
+POD_FAILED = "PodFailed"
+TERMINATING = "Terminating"  # stopping after a disruption: saving first
+FINISHING = "Finishing"  # the trainer exited 0: the sidecar commits the last checkpoint
+IMAGE_PULL_RETRYING = "ImagePullRetrying"
+
+NORMAL = frozenset({STARTED, RESUMED, SUCCEEDED, PREEMPTED})
+
+
+def event_type(reason: str) -> str:
+    """Normal for the run going as planned, else Warning."""
+    return "Normal" if reason in NORMAL else "Warning"

@@ -1,0 +1,345 @@
+"""One reconcile pass of one TrainingRun: gather, ``plan()``, apply.
+
+Gather: the run, the pod of its current attempt and that pod's node (from the caches, read
+through to the API), and, when an attempt ended or a refresh is due, the bucket manifest. Plan:
+the pure ``trainingrun.decide.reconcile.plan``. Apply: the status is written once, then the old
+pod is deleted and the next attempt's pod created, then the Events are handed to the sink.
+
+Everything outside is passed in (the Kubernetes wrapper, the stores, the Event sink, the
+metrics, the clock), so a unit test drives a ``Reconciler`` against fakes in memory.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from pydantic import ValidationError
+
+from trainingrun.api import TrainingRunSpec, TrainingRunStatus
+from trainingrun.cache import ClusterView, ObjectReader
+from trainingrun.decide import reasons as R
+from trainingrun.decide.classify import classify, node_not_ready
+from trainingrun.decide.pod import RunRef, build_pod, owned_by, pod_name, resume_of
+from trainingrun.decide.reconcile import Observed, fail, is_finished, plan, started
+from trainingrun.events import EventSink
+from trainingrun.kube import Forbidden, Invalid
+from trainingrun.manifest import ManifestError
+from trainingrun.notices import Notices, PodAnnotator
+from trainingrun.opmetrics import OperatorMetrics
+from trainingrun.settings import OperatorSettings
+from trainingrun.storage import StorageError
+from trainingrun.stores import Checkpoints, MissingSecret, RunStores
+
+log = logging.getLogger("trainingrun.operator")
+
+
+class KubeApi(ObjectReader, PodAnnotator, Protocol):
+    """The calls of ``trainingrun.kube.Kube`` the reconciler makes."""
+
+    def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None: ...
+    def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None: ...
+
+
+@dataclass
+class RunMemory:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    running: bool = False  # a pass is in flight
+    dirty: bool = False  # something happened during it: run one more pass after it
+    checkpoint_read_at: float = float("-inf")
+    # The PodNameTaken message said last, and when (monotonic).
+    name_taken_said: tuple[str, float] = ("", 0.0)
+
+
+class Reconciler:
+    def __init__(
+        self,
+        api: KubeApi,
+        stores: RunStores,
+        events: EventSink,
+        metrics: OperatorMetrics,
+        settings: OperatorSettings,
+        *,
+        notices: Notices | None = None,
+        now: Callable[[], datetime] = lambda: datetime.now(UTC),
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.api = api
+        self.stores = stores
+        self.events = events
+        self.metrics = metrics
+        self.settings = settings
+        self.view = ClusterView(api)
+        self.notices = notices or Notices(api, settings.notice_taints)
+        self._now = now
+        self._monotonic = monotonic
+        self._memory: dict[tuple[str, str], RunMemory] = {}
+        self._memory_lock = threading.Lock()
+
+    def memory(self, namespace: str, name: str) -> RunMemory:
+        with self._memory_lock:
+            return self._memory.setdefault((namespace, name), RunMemory())
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._memory_lock:
+            self._memory.pop((namespace, name), None)
+        self.view.runs.gone((namespace, name), None)
+
+    def reconcile(self, namespace: str, name: str) -> float | None:
+        """Passes for one run until nothing new happened during the last; returns seconds
+        until it wants another, if any. At most one pass per run is in flight: a trigger that
+        arrives meanwhile marks the run dirty and returns at once (a work queue's semantics),
+        so a burst of events for one run costs two passes, not one per event."""
+        mem = self.memory(namespace, name)
+        with mem.lock:
+            if mem.running:
+                mem.dirty = True
+                return None
+            mem.running = True
+        try:
+            while True:
+                with self.metrics.pass_seconds.time():
+                    again = self._pass(namespace, name, mem)
+                with mem.lock:
+                    if not mem.dirty:
+                        mem.running = False
+                        return again
+                    mem.dirty = False
+        except BaseException:
+            with mem.lock:
+                mem.running = mem.dirty = False
+            raise
+
+    def _pass(self, namespace: str, name: str, mem: RunMemory) -> float | None:
+        run = self.view.run(namespace, name)
+        meta = (run or {}).get("metadata") or {}
+        status = TrainingRunStatus.model_validate((run or {}).get("status") or {})
+        # Gone, being deleted (its pods go with it: owner references) or finished.
+        if run is None or meta.get("deletionTimestamp") or is_finished(status):
+            self.notices.remember((namespace, name), None)
+            return None
+        generation, now = int(meta.get("generation") or 0), self._now()
+        try:
+            spec = TrainingRunSpec.model_validate(run.get("spec") or {})
+        except ValidationError as e:
+            err = e.errors()[0]
+            where = "spec." + ".".join(str(p) for p in err["loc"])
+            self._fail(run, status, R.INVALID_SPEC, f"{where}: {err['msg']}", now)
+            return None
+        ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
+        self.notices.remember((namespace, name), spec)
+
+        pod, node, node_deleted = observe_attempt(self.view, ref, status, now)
+        self.notices.pass_on(pod, node, spec)
+        attempt_ended = (pod is None and status.active_pod) or (
+            pod is not None and ended(pod, spec, self._now(), node, node_deleted)
+        )
+        try:
+            seen = self._checkpoints(ref, mem, due=bool(attempt_ended), first=status.attempt == 0)
+        except MissingSecret as e:
+            self._fail(run, status, R.MISSING_SECRET, str(e), now)
+            return None
+        obs = Observed(
+            name=name,
+            generation=generation,
+            spec=spec,
+            status=status,
+            pod=pod,
+            node=node,
+            node_deleted=node_deleted,
+            latest=seen.latest,
+            now=now,
+        )
+        return self._apply(run, ref, obs, seen)
+
+    def _apply(
+        self, run: dict[str, Any], ref: RunRef, obs: Observed, seen: Checkpoints
+    ) -> float | None:
+        """Status first, then Events, then the pods; the next attempt's pod only after the
+        status that records the attempt has landed."""
+        p = plan(obs)
+        self._write_status(ref.namespace, ref.name, run.get("status") or {}, p.status)
+        for ev in p.events:
+            self.events.post(run, ev.type, ev.reason, ev.message)
+        if p.delete_pod and self.view.pods.get((ref.namespace, p.delete_pod))[0] is not None:
+            gone = obs.node_deleted or (obs.node is not None and node_not_ready(obs.node))
+            self.api.delete_pod(ref.namespace, p.delete_pod, grace_seconds=0 if gone else None)
+        if p.create_attempt is None:
+            return p.requeue_after
+        if p.create_attempt != p.status.attempt:
+            raise AssertionError("plan asked for a pod of another attempt than the status records")
+        return self._start_attempt(run, ref, obs, p.status, seen)
+
+    def _checkpoints(self, ref: RunRef, mem: RunMemory, due: bool, first: bool) -> Checkpoints:
+        """The run manifest when an attempt ended, none started yet (``first``), or a refresh
+        is due. Raises MissingSecret only when ``first``: a running attempt keeps the
+        credentials it started with and is supervised to its end, which may be a success; the
+        next attempt's start fails the run on it."""
+        refresh = self._monotonic() - mem.checkpoint_read_at
+        if not (due or first) and refresh < self.settings.checkpoint_refresh_seconds:
+            return Checkpoints()
+        try:
+            seen = self.stores.checkpoints(ref)
+        except MissingSecret as e:
+            if first:
+                raise
+            log.warning("%s/%s: cannot read the bucket manifest: %s", ref.namespace, ref.name, e)
+            return Checkpoints()
+        except (StorageError, ManifestError) as e:
+            log.warning("%s/%s: cannot read the bucket manifest: %s", ref.namespace, ref.name, e)
+            return Checkpoints()
+        mem.checkpoint_read_at = self._monotonic()
+        return seen
+
+    def _start_attempt(
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        status: TrainingRunStatus,
+        seen: Checkpoints,
+    ) -> float | None:
+        """Creates the pod of ``status.attempt`` from the newest usable checkpoint."""
+        namespace, name = ref.namespace, ref.name
+        try:
+            manifest = seen.manifest if seen.read else self.stores.read_manifest(ref)
+            choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
+        except MissingSecret as e:
+            self._fail(run, status, R.MISSING_SECRET, str(e), obs.now)
+            return None
+        except (StorageError, ManifestError) as e:
+            # Without the manifest the newest checkpoint is unknown; starting fresh would lose
+            # work, so wait for the bucket instead.
+            log.warning("%s/%s: cannot choose a checkpoint, retrying: %s", namespace, name, e)
+            message = f"cannot read checkpoints: {e}"
+            self.events.post(run, "Warning", R.STORAGE_UNAVAILABLE, message)
+            return self.settings.resync_seconds
+        for step, why in choice.rejected:
+            message = f"checkpoint {step} not used: {why}"
+            self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
+        resume = resume_of(ref, choice.entry.step) if choice.entry else None
+        pod = build_pod(ref, status.attempt, resume, self.settings.agent)
+        try:
+            created, fresh = self.api.create_pod(pod)
+        except Forbidden as e:
+            # Quota, a terminating namespace, an admission webhook: not the spec's fault.
+            what = pod["metadata"]["name"]
+            log.warning("%s/%s: pod %s not created: %s", namespace, name, what, e)
+            self.events.post(run, "Warning", R.POD_FORBIDDEN, str(e))
+            return self.settings.resync_seconds
+        except Invalid as e:
+            self._fail(run, status, R.INVALID_SPEC, f"pod rejected: {e}", obs.now)
+            return None
+        if not fresh and not owned_by(created, ref.uid):
+            return self._pod_name_taken(run, created)
+        if fresh:
+            self.metrics.pods_created.inc()
+        self.view.pods.put((namespace, created["metadata"]["name"]), created)
+        new, ev = started(status, obs, created)
+        self._write_status(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
+        self.events.post(run, ev.type, ev.reason, ev.message)
+        return None
+
+    def _pod_name_taken(self, run: dict[str, Any], pod: Mapping[str, Any]) -> float:
+        """The attempt's pod name is taken by a pod that is not this run's: wait for it to go
+        (a deleted run's pod of the same name is removed by the garbage collector)."""
+        message = name_taken_message(pod)
+        rmeta = run["metadata"]
+        mem = self.memory(rmeta["namespace"], rmeta["name"])
+        now = self._monotonic()
+        said, at = mem.name_taken_said
+        # Said again once a minute while it lasts, not at every retry; at once when it changes.
+        if said != message or now - at >= self.settings.name_taken_repeat_seconds:
+            mem.name_taken_said = (message, now)
+            log.warning("%s/%s: %s", rmeta["namespace"], rmeta["name"], message)
+            self.events.post(run, "Warning", R.POD_NAME_TAKEN, message)
+        # The other pod is not watched (no run label, or another run's UID): poll for it to go.
+        return min(self.settings.resync_seconds, self.settings.name_taken_retry_seconds)
+
+    def _fail(
+        self,
+        run: dict[str, Any],
+        status: TrainingRunStatus,
+        reason: str,
+        message: str,
+        now: datetime,
+    ) -> None:
+        """Ends the run as Failed with a reason that names the problem; never retried."""
+        meta = run["metadata"]
+        generation = int(meta.get("generation") or 0)
+        new, event = fail(status, generation, reason, message, now)
+        self._write_status(meta["namespace"], meta["name"], run.get("status") or {}, new)
+        self.events.post(run, event.type, event.reason, event.message)
+
+    def _write_status(
+        self, namespace: str, name: str, before: Mapping[str, Any], after: TrainingRunStatus
+    ) -> None:
+        new = after.model_dump(by_alias=True, mode="json")
+        old = TrainingRunStatus.model_validate(dict(before)).model_dump(by_alias=True, mode="json")
+        if new == old:
+            return
+        # Merge patch: keys that became None are removed.
+        updated = self.api.patch_run_status(namespace, name, new)
+        if updated is not None:
+            self.view.runs.put((namespace, name), updated)
+
+
+def ended(
+    pod: Mapping[str, Any],
+    spec: TrainingRunSpec,
+    now: datetime,
+    node: Mapping[str, Any] | None = None,
+    node_deleted: bool = False,
+) -> bool:
+    outcome = classify(
+        pod,
+        node=node,
+        node_deleted=node_deleted,
+        notice_taints=spec.preemption.notice_taints,
+        now=now,
+    )
+    return outcome.ended
+
+
+def name_taken_message(pod: Mapping[str, Any]) -> str:
+    """What a user reads when the attempt's pod name is held by a pod that is not the run's."""
+    meta = pod.get("metadata") or {}
+    owners = [f"{r.get('kind')}/{r.get('name')}" for r in meta.get("ownerReferences") or []]
+    whose = f"owned by {', '.join(owners)}" if owners else "not owned by this run"
+    going = "being deleted; waiting" if meta.get("deletionTimestamp") else None
+    return (
+        f"pod {meta.get('name')} exists and is not this run's ({whose}): "
+        f"{going or 'delete it or rename the run'}"
+    )
+
+
+def observe_attempt(
+    view: ClusterView, ref: RunRef, status: TrainingRunStatus, now: datetime
+) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
+    """(pod of the current attempt, its node, node deleted). A deleted pod is given by its
+    last state when that state says how it ended, else as None; a pod of that name that is
+    not this run's (a deleted run's of the same name, going away) as None."""
+    namespace, current = ref.namespace, pod_name(ref.name, status.attempt)
+    if not status.attempt or (
+        status.active_pod != current and not view.pods.get((namespace, current))[1]
+    ):
+        # Not created yet as far as the status knows; a create answers 409 if it was.
+        return None, None, False
+    pod = view.pod(namespace, current)
+    if pod is not None and (not pod.get("metadata") or not owned_by(pod, ref.uid)):
+        pod = None  # deleted with its last state unknown, or not this run's
+    if pod is not None and view.pods.last((namespace, current)) is pod:
+        pod = pod if ended(pod, ref.spec, now) else None
+    node_name = ((pod or {}).get("spec") or {}).get("nodeName")
+    if not node_name:
+        return pod, None, False
+    node, node_deleted = view.node(node_name)
+    return pod, node, node_deleted

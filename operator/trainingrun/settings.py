@@ -1,0 +1,100 @@
+"""Every setting of the operator, read from the environment and validated once, at start.
+
+Nothing else in the operator reads ``os.environ``. A bad value stops the operator at start with
+a ``ConfigurationError`` that names the variable and what it takes, rather than a traceback at
+the first event. The chart sets these variables from its values (charts/trainingrun).
+
+- TRAININGRUN_AGENT_IMAGE, TRAININGRUN_AGENT_PULL_POLICY: the image of the injected restore and
+  sync containers (default: this release's agent image, IfNotPresent).
+- TRAININGRUN_RESYNC_SECONDS (10): every run is looked at this often, even without events.
+- TRAININGRUN_CHECKPOINT_REFRESH_SECONDS (15): a running attempt's newest committed checkpoint
+  is re-read this often.
+- TRAININGRUN_NOTICE_TAINTS (none): notice taint keys beyond the built-in ones, comma-separated.
+- TRAININGRUN_WORKERS (8): passes of different runs that run in parallel.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from trainingrun.api import DEFAULT_NOTICE_TAINTS
+from trainingrun.decide.pod import AgentSettings
+
+PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+
+
+class ConfigurationError(ValueError):
+    """An operator setting in the environment is malformed; the message names it."""
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    agent: AgentSettings = field(default_factory=AgentSettings)
+    # How often every run is looked at even without events: backoff expiry, checkpoint refresh.
+    resync_seconds: float = 10.0
+    # How often a running attempt's latest checkpoint is re-read from the bucket manifest.
+    checkpoint_refresh_seconds: float = 15.0
+    # Notice taint keys the admin adds for the whole cluster (a run may name its own too).
+    extra_notice_taints: tuple[str, ...] = ()
+    # Worker threads for passes: passes of one run are serialised, of different runs parallel.
+    workers: int = 8
+    # Credentials are re-read this often, so a rotated or newly created Secret is picked up.
+    secret_ttl_seconds: float = 30.0
+    # How soon the create of an attempt's pod is tried again while its name is taken by a pod
+    # that is not the run's, and how often the PodNameTaken Event is repeated meanwhile.
+    name_taken_retry_seconds: float = 5.0
+    name_taken_repeat_seconds: float = 60.0
+
+    @property
+    def notice_taints(self) -> tuple[str, ...]:
+        """The operator-wide notice taint keys: built-in and the admin's."""
+        return (*DEFAULT_NOTICE_TAINTS, *self.extra_notice_taints)
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
+        env = os.environ if env is None else env
+        policy = env.get("TRAININGRUN_AGENT_PULL_POLICY") or AgentSettings.image_pull_policy
+        if policy not in PULL_POLICIES:
+            allowed = ", ".join(PULL_POLICIES)
+            raise ConfigurationError(
+                f"TRAININGRUN_AGENT_PULL_POLICY={policy!r} must be one of {allowed}"
+            )
+        agent = AgentSettings(
+            image=env.get("TRAININGRUN_AGENT_IMAGE") or AgentSettings.image,
+            image_pull_policy=policy,
+        )
+        taints = env.get("TRAININGRUN_NOTICE_TAINTS", "")
+        return cls(
+            agent=agent,
+            resync_seconds=_seconds(env, "TRAININGRUN_RESYNC_SECONDS", cls.resync_seconds),
+            checkpoint_refresh_seconds=_seconds(
+                env, "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", cls.checkpoint_refresh_seconds
+            ),
+            extra_notice_taints=tuple(t.strip() for t in taints.split(",") if t.strip()),
+            workers=int(_number(env, "TRAININGRUN_WORKERS", cls.workers, minimum=1, whole=True)),
+        )
+
+
+def _number(
+    env: Mapping[str, str], name: str, default: float, *, minimum: float, whole: bool = False
+) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigurationError(f"{name}={raw!r} must be a finite number >= {minimum:g}")
+    if whole and not value.is_integer():
+        raise ConfigurationError(f"{name}={raw!r} must be a whole number")
+    return value
+
+
+def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
+    # Below 0.1 s a resync or refresh would spin the operator on its own timer.
+    return _number(env, name, default, minimum=0.1)

@@ -1,0 +1,199 @@
+"""In-memory fakes of the operator's two outside systems, for unit tests of the reconciler:
+``FakeKube`` plays ``trainingrun.kube.Kube`` (runs, pods, nodes, Secrets, Events, with 409 on a
+second create and merge-patch status writes), ``FakeBucket`` plays the object store a run's
+manifest and checkpoints live in. ``Clock`` is the wall clock and the monotonic clock at once.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any, cast
+
+from tests.unit.builders import T0
+from trainingrun.api import StorageSpec
+from trainingrun.checksum import CRC64NVME, digest
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    RUN_MANIFEST,
+    ManifestEntry,
+    RunManifest,
+    checkpoint_prefix,
+)
+from trainingrun.storage import Credentials, Location, Store
+
+FILES = {"model.safetensors": b"weights" * 10, "trainer_state.json": b"{}"}
+
+
+@dataclass
+class Clock:
+    at: datetime = T0
+    ticks: float = 1000.0
+
+    def now(self) -> datetime:
+        return self.at
+
+    def monotonic(self) -> float:
+        return self.ticks
+
+    def advance(self, seconds: float) -> None:
+        self.at += timedelta(seconds=seconds)
+        self.ticks += seconds
+
+
+def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
+    """JSON merge patch (RFC 7386): None removes a key."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+@dataclass
+class FakeKube:
+    runs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
+    events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
+    creates: list[str] = field(default_factory=list)  # pod names, in order, 409s included
+    deletes: list[str] = field(default_factory=list)
+    _version: int = 0
+
+    def _rv(self) -> str:
+        self._version += 1
+        return str(self._version)
+
+    def add_run(self, run: dict[str, Any]) -> None:
+        meta = run["metadata"]
+        meta["resourceVersion"] = self._rv()
+        self.runs[(meta["namespace"], meta["name"])] = run
+
+    def status_of(self, namespace: str, name: str) -> dict[str, Any]:
+        return dict(self.runs[(namespace, name)].get("status") or {})
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        run = self.runs.get((namespace, name))
+        return copy.deepcopy(run) if run else None
+
+    def patch_run_status(
+        self, namespace: str, name: str, status: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        run = self.runs.get((namespace, name))
+        if run is None:
+            return None
+        _merge(run.setdefault("status", {}), status)
+        run["metadata"]["resourceVersion"] = self._rv()
+        return copy.deepcopy(run)
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        pod = self.pods.get((namespace, name))
+        return copy.deepcopy(pod) if pod else None
+
+    def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        self.creates.append(meta["name"])
+        if key in self.pods:
+            return copy.deepcopy(self.pods[key]), False
+        stored = copy.deepcopy(pod)
+        stored["metadata"]["resourceVersion"] = self._rv()
+        stored["status"] = {"phase": "Pending"}
+        self.pods[key] = stored
+        return copy.deepcopy(stored), True
+
+    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
+        self.deletes.append(name)
+        self.pods.pop((namespace, name), None)
+
+    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        pod = self.pods.get((namespace, name))
+        if pod is not None:
+            pod["metadata"].setdefault("annotations", {}).update(annotations)
+
+    def run_pods_on_node(self, node: str, label: str) -> list[dict[str, Any]]:
+        return [
+            copy.deepcopy(p)
+            for p in self.pods.values()
+            if (p.get("spec") or {}).get("nodeName") == node
+            and label in (p["metadata"].get("labels") or {})
+        ]
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        node = self.nodes.get(name)
+        return copy.deepcopy(node) if node else None
+
+    def get_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
+        data = self.secrets.get((namespace, name))
+        return dict(data) if data is not None else None
+
+    def event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
+        self.events.append((type_, reason, message))
+
+    def set_pod(self, pod: dict[str, Any]) -> None:
+        """What the kubelet reports of a pod (keeps the operator's labels and owner)."""
+        meta = pod["metadata"]
+        key = (meta["namespace"], meta["name"])
+        stored = self.pods[key]
+        stored["status"] = copy.deepcopy(pod.get("status") or {})
+        if (pod.get("spec") or {}).get("nodeName"):
+            stored["spec"]["nodeName"] = pod["spec"]["nodeName"]
+        stored["metadata"]["resourceVersion"] = self._rv()
+        for extra in ("deletionTimestamp", "deletionGracePeriodSeconds"):
+            if extra in meta:
+                stored["metadata"][extra] = meta[extra]
+
+
+class FakeBucket:
+    """A bucket as the two reads of ``choose_checkpoint`` see it (get, list), over a dict."""
+
+    def __init__(self) -> None:
+        self.objects: dict[str, bytes] = {}
+        self.opened: list[tuple[str | None, Credentials | None]] = []
+
+    def get(self, key: str) -> bytes | None:
+        return self.objects.get(key)
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        for key in sorted(self.objects):
+            if key.startswith(prefix):
+                yield key, len(self.objects[key])
+
+    def open(self, storage: StorageSpec, credentials: Credentials | None) -> Store:
+        """Stands in for ``storage.open_store``."""
+        self.opened.append((storage.endpoint, credentials))
+        return cast(Store, self)
+
+    def commit(self, run: Location, *steps: int) -> None:
+        """Checkpoints ``steps`` of the run at ``run``, committed as the sync sidecar does."""
+        for step in steps:
+            files = [
+                {
+                    "path": path,
+                    "size": len(data),
+                    "checksum_algorithm": CRC64NVME.name,
+                    "checksum": digest(CRC64NVME, data),
+                }
+                for path, data in FILES.items()
+            ]
+            for path, data in FILES.items():
+                self.objects[run.key(checkpoint_prefix(step), path)] = data
+            body = {"version": 1, "step": step, "files": files, "created": "t"}
+            self.objects[run.key(checkpoint_prefix(step), CHECKPOINT_MANIFEST)] = json.dumps(
+                body
+            ).encode()
+        raw = self.objects.get(run.key(RUN_MANIFEST))
+        old = [e["step"] for e in json.loads(raw)["entries"]] if raw else []
+        manifest = RunManifest(
+            entries=[
+                ManifestEntry(step=s, prefix=checkpoint_prefix(s), committed="t", files=2, bytes=1)
+                for s in sorted({*old, *steps})
+            ]
+        )
+        self.objects[run.key(RUN_MANIFEST)] = manifest.to_json()
