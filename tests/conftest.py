@@ -126,14 +126,18 @@ def operator(
     stopped = localenv_mod.stop_operator(localenv)
     if stopped:
         # `make demo` leaves its operator running on the environment the tests reuse.
-        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        plugins = request.config.pluginmanager
+        reporter = plugins.get_plugin("terminalreporter")
+        capture = plugins.get_plugin("capturemanager")
         message = (
             f"stopped the operator that `make demo` started (pid {stopped}): the tests run "
             "their own, and two operators would both act on every run; `make demo` starts it "
             "again"
         )
-        if reporter is not None:
-            reporter.write_line(f"\n[conftest] {message}")
+        if reporter is not None and capture is not None:
+            # Fixture setup runs with output captured: say it on the terminal itself.
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(f"\n[conftest] {message}")
     proc = OperatorProcess(
         localenv,
         tmp_path_factory.mktemp("operator") / "operator.log",
