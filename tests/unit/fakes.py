@@ -150,20 +150,30 @@ class FakeKube:
                 stored["metadata"][extra] = meta[extra]
 
 
-class FakeBucket:
-    """A bucket as the two reads of ``choose_checkpoint`` see it (get, list), over a dict."""
+class DictStore:
+    """The two reads of ``choose_checkpoint`` and ``checkpoint_rows`` (get, list) over a dict
+    of key -> bytes; ``gets`` records the keys read."""
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
-        self.opened: list[tuple[str | None, Credentials | None]] = []
+        self.gets: list[str] = []
 
     def get(self, key: str) -> bytes | None:
+        self.gets.append(key)
         return self.objects.get(key)
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         for key in sorted(self.objects):
             if key.startswith(prefix):
                 yield key, len(self.objects[key])
+
+
+class FakeBucket(DictStore):
+    """A run's bucket for the reconciler: opened by ``RunStores``, filled by ``commit``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.opened: list[tuple[str | None, Credentials | None]] = []
 
     def open(self, storage: StorageSpec, credentials: Credentials | None) -> Store:
         """Stands in for ``storage.open_store``."""

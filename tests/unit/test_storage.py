@@ -22,7 +22,6 @@ Covers:
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any, cast
 
 import botocore.exceptions
@@ -30,6 +29,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.unit.fakes import DictStore as FakeStore
 from trainingrun.api import StorageSpec
 from trainingrun.checksum import CRC64NVME, digest
 from trainingrun.manifest import (
@@ -59,23 +59,6 @@ from trainingrun.storage import (
 
 RUN = Location("bucket", "runs/ml/r1")
 FILES = {"model.safetensors": b"weights" * 10, "optimizer.pt": b"adam", "trainer_state.json": b"{}"}
-
-
-class FakeStore:
-    """The two calls choose_checkpoint makes, over a dict of key -> bytes."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-        self.gets: list[str] = []
-
-    def get(self, key: str) -> bytes | None:
-        self.gets.append(key)
-        return self.objects.get(key)
-
-    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
-        for key in sorted(self.objects):
-            if key.startswith(prefix):
-                yield key, len(self.objects[key])
 
 
 class Bucket:

@@ -14,12 +14,12 @@ Covers:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, cast
 
 import pytest
 
 from tests.unit.builders import make_run
+from tests.unit.fakes import DictStore
 from trainingrun import contract, usercli
 from trainingrun.api import StorageSpec
 from trainingrun.decide.pod import RunRef, storage_env
@@ -112,21 +112,8 @@ RUN = Location("ckpt", "runs/ml/r1")
 FILES = {"model.safetensors": b"w" * 3000, "optimizer.pt": b"adam"}
 
 
-class FakeStore:
-    """The two calls checkpoint_rows makes, over a dict of key -> bytes."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-        self.gets: list[str] = []
-
-    def get(self, key: str) -> bytes | None:
-        self.gets.append(key)
-        return self.objects.get(key)
-
-    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
-        for key in sorted(self.objects):
-            if key.startswith(prefix):
-                yield key, len(self.objects[key])
+class FakeStore(DictStore):
+    """checkpoint_rows' two reads, filled with committed checkpoints by ``commit``."""
 
     def commit(self, *steps: int) -> FakeStore:
         for step in steps:
