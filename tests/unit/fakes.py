@@ -180,30 +180,33 @@ class FakeBucket(DictStore):
         self.opened.append((storage.endpoint, credentials))
         return cast(Store, self)
 
-    def commit(self, run: Location, *steps: int) -> None:
-        """Checkpoints ``steps`` of the run at ``run``, committed as the sync sidecar does."""
+    def commit(self, run: Location, *steps: int, files: dict[str, bytes] | None = None) -> None:
+        """Checkpoints ``steps`` of the run at ``run`` (each holding ``files``), committed as
+        the sync sidecar does; manifest entries keep the order the steps came in."""
+        files = FILES if files is None else files
         for step in steps:
-            files = [
+            entries = [
                 {
                     "path": path,
                     "size": len(data),
                     "checksum_algorithm": CRC64NVME.name,
                     "checksum": digest(CRC64NVME, data),
                 }
-                for path, data in FILES.items()
+                for path, data in files.items()
             ]
-            for path, data in FILES.items():
+            for path, data in files.items():
                 self.objects[run.key(checkpoint_prefix(step), path)] = data
-            body = {"version": 1, "step": step, "files": files, "created": "t"}
-            self.objects[run.key(checkpoint_prefix(step), CHECKPOINT_MANIFEST)] = json.dumps(
-                body
-            ).encode()
+            body = {"version": 1, "step": step, "files": entries, "created": "t"}
+            key = run.key(checkpoint_prefix(step), CHECKPOINT_MANIFEST)
+            self.objects[key] = json.dumps(body).encode()
         raw = self.objects.get(run.key(RUN_MANIFEST))
         old = [e["step"] for e in json.loads(raw)["entries"]] if raw else []
         manifest = RunManifest(
             entries=[
-                ManifestEntry(step=s, prefix=checkpoint_prefix(s), committed="t", files=2, bytes=1)
-                for s in sorted({*old, *steps})
+                ManifestEntry(
+                    step=s, prefix=checkpoint_prefix(s), committed="t", files=len(files), bytes=1
+                )
+                for s in [*old, *(s for s in steps if s not in old)]
             ]
         )
         self.objects[run.key(RUN_MANIFEST)] = manifest.to_json()

@@ -29,9 +29,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.unit.fakes import DictStore as FakeStore
+from tests.unit.fakes import FakeBucket
 from trainingrun.api import StorageSpec
-from trainingrun.checksum import CRC64NVME, digest
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
@@ -65,8 +64,7 @@ class Bucket:
     """A run's bucket contents, built checkpoint by checkpoint, then broken on purpose."""
 
     def __init__(self) -> None:
-        self.fake = FakeStore()
-        self.steps: list[int] = []
+        self.fake = FakeBucket()
 
     @property
     def store(self) -> Store:
@@ -76,28 +74,7 @@ class Bucket:
         return RUN.key(checkpoint_prefix(step), name)
 
     def commit(self, *steps: int) -> Bucket:
-        for step in steps:
-            files = [
-                {
-                    "path": path,
-                    "size": len(data),
-                    "checksum_algorithm": CRC64NVME.name,
-                    "checksum": digest(CRC64NVME, data),
-                }
-                for path, data in FILES.items()
-            ]
-            for path, data in FILES.items():
-                self.fake.objects[self.key(step, path)] = data
-            body = {"version": 1, "step": step, "files": files, "created": "t"}
-            self.fake.objects[self.key(step, CHECKPOINT_MANIFEST)] = json.dumps(body).encode()
-            self.steps.append(step)
-        manifest = RunManifest(
-            entries=[
-                ManifestEntry(step=s, prefix=checkpoint_prefix(s), committed="t", files=3, bytes=1)
-                for s in self.steps
-            ]
-        )
-        self.fake.objects[RUN.key(RUN_MANIFEST)] = manifest.to_json()
+        self.fake.commit(RUN, *steps, files=FILES)
         return self
 
     def break_(self, step: int, how: str) -> Bucket:
