@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
-from trainingrun.contract import LABEL_ATTEMPT
+from trainingrun.contract import LABEL_ATTEMPT, LABEL_RUN
 
 
 def _rv(obj: Mapping[str, Any]) -> int:
@@ -35,18 +35,25 @@ _POD_METADATA = (
     "deletionTimestamp",
     "deletionGracePeriodSeconds",  # 0 in a removed pod's last state (classify reads it)
     "ownerReferences",  # whose pod it is: a pod of the same name may be another run's
+    "finalizers",  # what holds an old attempt's pod that does not go (OldPodLingers)
 )
 
 
 def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
-    """The fields of a pod a pass reads (classify, resume step, node, attempt label): the spec of
-    its containers is most of a pod's size and no pass looks at it again."""
-    spec = pod.get("spec") or {}
+    """The fields of a pod a pass reads (classify, resume step, node, attempt label, the grace
+    period an old attempt's pod is given to go): the spec of its containers is most of a pod's
+    size and no pass looks at it again."""
     return {
         "metadata": _pick(pod.get("metadata"), _POD_METADATA),
-        "spec": {"nodeName": spec["nodeName"]} if spec.get("nodeName") else {},
+        "spec": _pick(pod.get("spec"), ("nodeName", "terminationGracePeriodSeconds")),
         "status": pod.get("status") or {},
     }
+
+
+def run_of_pod(key: Any, pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(namespace, run) of a pod by its run label: the pod cache's index."""
+    run = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN)
+    return (key[0], str(run)) if run else None
 
 
 def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -78,30 +85,48 @@ class Cache:
     """The newest state seen of each object, from watch events and from the answers to the
     operator's own writes (like an informer's store): a pass reads it instead of the API.
     An older resourceVersion never replaces a newer one. ``slim`` keeps of each object only
-    what passes read."""
+    what passes read; ``index(key, obj)`` files the live objects under a value (None: under
+    none), which ``indexed`` lists, like an informer's indexer."""
 
     def __init__(
-        self, slim: Callable[[Mapping[str, Any]], dict[str, Any]], max_gone: int = 10000
+        self,
+        slim: Callable[[Mapping[str, Any]], dict[str, Any]],
+        max_gone: int = 10000,
+        index: Callable[[Any, Mapping[str, Any]], Any] | None = None,
     ) -> None:
         self._slim = slim
         self._lock = threading.Lock()
         self._live: dict[Any, dict[str, Any]] = {}
         self._gone: OrderedDict[Any, dict[str, Any]] = OrderedDict()
         self._max_gone = max_gone
+        self._index_of = index
+        self._index: dict[Any, set[Any]] = {}
+
+    def _unindex(self, key: Any, obj: Mapping[str, Any] | None) -> None:
+        value = self._index_of(key, obj) if self._index_of and obj is not None else None
+        keys = self._index.get(value) if value is not None else None
+        if keys is not None:
+            keys.discard(key)
+            if not keys:
+                del self._index[value]
 
     def put(self, key: Any, obj: Mapping[str, Any]) -> None:
         slim = self._slim(obj)
         with self._lock:
             old = self._live.get(key)
             if old is None or _rv(slim) >= _rv(old):
+                self._unindex(key, old)
                 self._live[key] = slim
+                value = self._index_of(key, slim) if self._index_of else None
+                if value is not None:
+                    self._index.setdefault(value, set()).add(key)
             self._gone.pop(key, None)
 
     def gone(self, key: Any, last: Mapping[str, Any] | None) -> None:
         """The object was deleted; ``last`` is its final state."""
         slim = self._slim(last) if last else {}
         with self._lock:
-            self._live.pop(key, None)
+            self._unindex(key, self._live.pop(key, None))
             self._gone[key] = slim
             while len(self._gone) > self._max_gone:
                 self._gone.popitem(last=False)
@@ -133,6 +158,11 @@ class Cache:
         with self._lock:
             return self._gone.get(key)
 
+    def indexed(self, value: Any) -> list[dict[str, Any]]:
+        """The live objects the index files under ``value``."""
+        with self._lock:
+            return [self._live[key] for key in self._index.get(value, ())]
+
 
 class ObjectReader(Protocol):
     """The reads ``ClusterView`` falls back to (``trainingrun.kube.Kube`` has them)."""
@@ -149,7 +179,7 @@ class ClusterView:
     def __init__(self, api: ObjectReader) -> None:
         self._api = api
         self.runs = Cache(slim_run)
-        self.pods = Cache(slim_pod)
+        self.pods = Cache(slim_pod, index=run_of_pod)
         self.nodes = Cache(slim_node)
 
     def run(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -173,6 +203,17 @@ class ClusterView:
         if pod is not None:
             self.pods.put(key, pod)
         return pod
+
+    def run_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
+        """The live pods with the run's label, of any attempt and any owner, as cached (a watch
+        lists every such pod at start)."""
+        return self.pods.indexed((namespace, run))
+
+    def pod_gone(self, namespace: str, name: str) -> None:
+        """The API server says the pod is gone (a DELETE answered 404) before the watch did;
+        its last state is the one cached."""
+        key = (namespace, name)
+        self.pods.gone(key, self.pods.get(key)[0])
 
     def node(self, name: str) -> tuple[dict[str, Any] | None, bool]:
         """(node, deleted)."""

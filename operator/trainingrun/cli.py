@@ -157,7 +157,7 @@ def _agent_logging(verbose: bool) -> None:
 
 
 def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
-    from trainingrun import sync
+    from trainingrun import sync, syncsupport
 
     _agent_logging(args.verbose)
     try:
@@ -172,13 +172,21 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
             checksum=_env(env, c.ENV_CHECKSUM, "auto"),
             transfer=transfer,
             podinfo_dir=Path(podinfo) if podinfo else None,
+            epoch=int(_number(env, c.ENV_EPOCH, "1", minimum=1)) if env.get(c.ENV_EPOCH) else None,
+            attempt=int(_number(env, c.ENV_ATTEMPT, "0")),
+            rank=int(_number(env, c.ENV_RANK, "0")),
+            ranks=int(_number(env, c.ENV_RANKS, "1", minimum=1)),
         )
+        if settings.rank >= settings.ranks:
+            raise SettingsError(
+                f"{c.ENV_RANK}={settings.rank} must be below {c.ENV_RANKS}={settings.ranks}"
+            )
         nice = int(_number(env, c.ENV_SYNC_NICE, "10"))
     except SettingsError as e:
         print(f"trainingrun sync: {e}", file=sys.stderr)
         return c.EXIT_USAGE
     os.nice(nice)  # the trainer comes first for CPU
-    metrics = sync.Metrics()
+    metrics = syncsupport.Metrics()
     _serve_metrics(env, metrics.registry)
     return sync.main(store, settings, metrics)
 

@@ -1,25 +1,31 @@
-"""The commit protocol: how the sync sidecar makes a checkpoint in the bucket committed, and the
-probe of what the endpoint can do for it.
+"""The commit protocol's writes: how an attempt takes the fence, how a sync sidecar makes a
+checkpoint committed, and the probe of what the endpoint can do for it. The decisions are pure,
+in ``trainingrun.protocol``.
 
 A checkpoint is committed when, and only when, its step is in the run's ``manifest.json``; the
-operator and ``trainingrun restore`` trust nothing else. For each checkpoint the sidecar:
+operator and ``trainingrun restore`` trust nothing else. Before an attempt's pods exist the
+operator takes the fence for it (``take_fence``), which gives the attempt its epoch. Then, for
+each checkpoint, the sidecar of each rank:
 
-1. uploads every file with a full-object checksum the endpoint checks (``trainingrun.transfer``);
+1. uploads every file under ``checkpoints/checkpoint-<step>/e<epoch>/r<rank>/``, keys no other
+   attempt or rank writes, with a full-object checksum the endpoint checks;
 2. verifies each object's size and stored checksum (``verify_uploaded``);
-3. writes ``checkpoints/checkpoint-<step>/MANIFEST.json`` create-only
-   (``Committer.write_checkpoint_manifest``): an identical one left by an earlier attempt is kept,
-   another of a step not committed is replaced (If-Match on the version read), another of a
-   committed step is refused (a second writer is active);
-4. adds the step to ``manifest.json`` by compare-and-swap (``Committer.commit``: If-Match, or
-   If-None-Match for the first commit; re-read and retried with jitter on 412). Only now is the
-   step committed;
-5. applies retention (``keep``): the manifest drops old entries first, their objects go after
-   (``Committer.delete_checkpoint_objects``), so no entry ever names deleted objects.
+3. writes its part record ``.../r<rank>/MANIFEST.json`` create-only (``Committer.write_part``);
+4. when the parts of all ranks of its epoch are there, adds the step to ``manifest.json`` by
+   compare-and-swap (``Committer.try_commit``: If-Match, or If-None-Match for the first write;
+   re-read and retried with jitter on 412), only while the fence is still its epoch. Only now is
+   the step committed, once: a step already committed stays as it is;
+5. deletes what retention dropped and what older epochs left uncommitted (``Committer.sweep``),
+   after the manifest no longer names it.
 
-Before the first, ``detect_capabilities`` probes the endpoint with tiny objects: which checksum it
-accepts and whether it checks it, and whether it honours If-None-Match. Without conditional
-writes, step 4 writes and reads back instead: safe with one writer per run, which the operator
-guarantees.
+``detect_capabilities`` probes the endpoint with tiny objects first: which checksum it accepts
+and checks, and whether it honours If-None-Match. Without conditional writes, the part
+record of step 3 is written plainly (only its own epoch and rank write that key), and the writes
+of step 4 and of the fence are written and read back: a write that a concurrent writer replaced
+is seen and retried, but two writers that race between the write and the read can both believe
+they won, and a commit racing the fence can write the older fence back. An old attempt that has
+read the new fence still never commits, and no committed object is ever overwritten (keys are
+per epoch).
 """
 
 from __future__ import annotations
@@ -31,22 +37,25 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from trainingrun import checksum
+from trainingrun import checksum, protocol
 from trainingrun.checksum import Algorithm
+from trainingrun.committed import read_part, read_run_manifest
+from trainingrun.contract import now_rfc3339_micro
 from trainingrun.local import LocalCheckpoint
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
+    CHECKPOINTS_DIR,
     RUN_MANIFEST,
     CheckpointManifest,
     FileEntry,
     ManifestEntry,
     ManifestError,
     RunManifest,
-    checkpoint_prefix,
+    epoch_prefix,
     parse_checkpoint_manifest,
     parse_run_manifest,
+    part_prefix,
     same_files,
-    with_committed,
 )
 from trainingrun.storage import (
     ChecksumMismatch,
@@ -154,14 +163,86 @@ def verify_uploaded(
     return entries
 
 
-class Committer:
-    """Writes a checkpoint's MANIFEST.json and commits it to manifest.json."""
+def _backoff(attempt: int) -> None:
+    time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))  # noqa: S311
 
-    def __init__(self, store: Store, run: Location, caps: Capabilities, keep: int) -> None:
+
+def _write_manifest(store: Store, key: str, body: bytes, etag: str | None, cas: bool) -> None:
+    """One compare-and-swap of ``manifest.json`` (If-Match the version read, or If-None-Match
+    when there was none); raises PreconditionFailed when it lost. Without conditional writes it
+    writes, and the caller reads back."""
+    if not cas:
+        store.put(key, body)
+    elif etag is None:
+        store.put(key, body, if_none_match=True)
+    else:
+        store.put(key, body, if_match=etag)
+
+
+def take_fence(store: Store, run: Location, run_uid: str, attempt: int) -> tuple[RunManifest, int]:
+    """Takes the run's fence for ``attempt`` (the operator, before the attempt's pods exist):
+    (the manifest as written, the attempt's epoch). Idempotent for one attempt. A version-1
+    manifest is upgraded in the same write. Raises StaleAttempt, ManifestError, StorageError."""
+    key = run.key(RUN_MANIFEST)
+    mine = protocol.holder_of(run_uid, attempt)
+    for i in range(CAS_ATTEMPTS):
+        got = store.get_with_etag(key)
+        manifest = parse_run_manifest(got[0]) if got else None
+        updated, epoch = protocol.take_fence(manifest, run_uid, attempt)
+        if updated is None:
+            assert manifest is not None
+            return manifest, epoch
+        etag = got[1] if got else None
+        try:
+            _write_manifest(store, key, updated.to_json(), etag, cas=True)
+        except PreconditionFailed:
+            _backoff(i)
+            continue
+        except StorageRejected:
+            # An endpoint that refuses the condition headers (the sidecars' probe says "no
+            # conditional writes" for it too): write, and read back below.
+            _write_manifest(store, key, updated.to_json(), etag, cas=False)
+        check = read_run_manifest(store, run)  # an endpoint that ignores If-Match: confirm
+        if check is not None and check.fence_holder == mine and check.fence == epoch:
+            return check, epoch
+        _backoff(i)
+    raise StorageUnavailable(f"{key}: still losing the compare-and-swap after {CAS_ATTEMPTS} tries")
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``try_commit`` did: committed now (with what retention dropped), found the step
+    committed already (by ``epoch``), or waits for the parts of ``missing`` ranks."""
+
+    committed: bool = False
+    already: int | None = None
+    missing: tuple[int, ...] = ()
+    dropped: tuple[ManifestEntry, ...] = ()
+    manifest: RunManifest | None = None
+
+
+class Committer:
+    """One rank's writer of one epoch: its part records, the commit, and the sweep after it."""
+
+    def __init__(
+        self,
+        store: Store,
+        run: Location,
+        caps: Capabilities,
+        keep: int,
+        epoch: int,
+        rank: int = 0,
+        ranks: int = 1,
+    ) -> None:
+        if not (epoch >= 1 and 0 <= rank < ranks):
+            raise ValueError(f"epoch {epoch} must be >= 1 and rank {rank} in 0..{ranks - 1}")
         self.store = store
         self.run = run
         self.caps = caps
         self.keep = keep
+        self.epoch = epoch
+        self.rank = rank
+        self.ranks = ranks
 
     def read(self) -> tuple[RunManifest | None, str | None]:
         got = self.store.get_with_etag(self.run.key(RUN_MANIFEST))
@@ -169,63 +250,130 @@ class Committer:
             return None, None
         return parse_run_manifest(got[0]), got[1]
 
-    def write_checkpoint_manifest(self, ckpt: CheckpointManifest) -> None:
-        key = self.run.key(checkpoint_prefix(ckpt.step), CHECKPOINT_MANIFEST)
-        body = ckpt.model_dump_json(indent=1).encode()
+    def data_prefix(self, step: int) -> str:
+        """Where this rank's files of ``step`` go (a key, without the trailing '/')."""
+        return self.run.key(part_prefix(step, self.epoch, self.rank))
+
+    def check_fence(self, manifest: RunManifest | None) -> None:
+        """Raises Fenced when a newer epoch holds the fence."""
+        if manifest is not None and manifest.fence > self.epoch:
+            raise protocol.Fenced(self.epoch, manifest.fence, manifest.fence_holder)
+
+    def write_part(self, part: CheckpointManifest) -> None:
+        """This rank's part record, create-only. Only this (epoch, rank) writes its key: an
+        identical record (a restarted sidecar's) is kept, another of a step not committed is
+        replaced (If-Match on the version read), another of a committed step is refused."""
+        if (part.epoch, part.rank, part.ranks) != (self.epoch, self.rank, self.ranks):
+            raise ValueError("the part record is not this committer's epoch and rank")
+        key = self.run.key(part_prefix(part.step, self.epoch, self.rank), CHECKPOINT_MANIFEST)
+        body = part.model_dump_json(indent=1).encode()
         try:
             self.store.put(key, body, if_none_match=self.caps.conditional_writes)
             return
         except PreconditionFailed:
             pass
-        # One exists: left by an earlier attempt or a sync killed before its commit.
         existing = self.store.get_with_etag(key)
-        if existing is not None:
-            try:
-                if same_files(parse_checkpoint_manifest(existing[0], ckpt.step), ckpt):
-                    return
-            except ManifestError:
-                pass
-            manifest, _ = self.read()
-            if manifest and any(e.step == ckpt.step for e in manifest.entries):
-                raise PreconditionFailed(
-                    f"checkpoint-{ckpt.step} is already committed with other contents; "
-                    "a second writer is active for this run"
-                )
-            # Not committed, so nobody trusts it: replace it, but only the version we read.
-            self.store.put(key, body, if_match=existing[1])
-        else:
+        if existing is None:
             self.store.put(key, body, if_none_match=True)
+            return
+        try:
+            parsed = parse_checkpoint_manifest(existing[0], part.step, self.epoch, self.rank)
+            if same_files(parsed, part):
+                return
+        except ManifestError:
+            pass
+        manifest, _ = self.read()
+        if manifest and any((e.step, e.epoch) == (part.step, self.epoch) for e in manifest.entries):
+            raise PreconditionFailed(
+                f"checkpoint-{part.step} is committed by this epoch with other contents; "
+                f"a second writer of epoch {self.epoch} rank {self.rank} is active"
+            )
+        self.store.put(key, body, if_match=existing[1])
 
-    def commit(self, entry: ManifestEntry) -> list[ManifestEntry]:
-        """Adds ``entry`` by compare-and-swap; returns the entries retention dropped."""
+    def parts(self, step: int) -> dict[int, CheckpointManifest]:
+        """The part records of ``step`` of this epoch that are there, by rank."""
+        found = {}
+        for rank in range(self.ranks):
+            part = read_part(self.store, self.run, step, self.epoch, rank)
+            if part is None:
+                continue
+            if part.ranks != self.ranks:
+                raise ManifestError(
+                    f"checkpoint-{step} rank {rank} of epoch {self.epoch} was written for "
+                    f"{part.ranks} ranks, this writer has {self.ranks}: one epoch, one size"
+                )
+            found[rank] = part
+        return found
+
+    def try_commit(self, step: int, attempt: int = 0) -> Outcome:
+        """Commits ``step`` when all ranks' parts of this epoch are there, by compare-and-swap
+        while the fence is this epoch. Raises Fenced, StorageError, ManifestError."""
+        manifest, etag = self.read()
+        self.check_fence(manifest)
+        done = next((e for e in manifest.entries if e.step == step), None) if manifest else None
+        if done is not None:
+            return Outcome(already=done.epoch, manifest=manifest)
+        parts = self.parts(step)
+        missing = protocol.missing_ranks(parts, self.ranks)
+        if missing:
+            return Outcome(missing=tuple(missing), manifest=manifest)
+        # A checkpoint a restore could not put together in one folder is never committed.
+        protocol.merged_files(
+            [(part_prefix(step, self.epoch, r), p) for r, p in sorted(parts.items())]
+        )
+        files = [f for p in parts.values() for f in p.files]
+        entry = ManifestEntry(
+            step=step,
+            prefix=epoch_prefix(step, self.epoch),
+            committed=now_rfc3339_micro(),
+            files=len(files),
+            bytes=sum(f.size for f in files),
+            epoch=self.epoch,
+            attempt=attempt,
+            ranks=self.ranks,
+        )
         key = self.run.key(RUN_MANIFEST)
-        for attempt in range(CAS_ATTEMPTS):
-            manifest, etag = self.read()
-            updated, dropped = with_committed(manifest, entry, self.keep)
+        for i in range(CAS_ATTEMPTS):
+            updated, dropped = protocol.commit(manifest, entry, self.keep)
+            if updated is None:
+                assert manifest is not None
+                done = next(e for e in manifest.entries if e.step == step)
+                return Outcome(already=done.epoch, manifest=manifest)
             try:
+                _write_manifest(
+                    self.store, key, updated.to_json(), etag, self.caps.conditional_writes
+                )
                 if not self.caps.conditional_writes:
-                    self.store.put(key, updated.to_json())
                     check, _ = self.read()  # best effort without CAS: confirm it stuck
-                    if check is None or all(e.step != entry.step for e in check.entries):
+                    if check is None or entry not in check.entries:
                         raise PreconditionFailed(f"{key}: a concurrent write replaced ours")
-                elif etag is None:
-                    self.store.put(key, updated.to_json(), if_none_match=True)
-                else:
-                    self.store.put(key, updated.to_json(), if_match=etag)
-                return dropped
+                return Outcome(committed=True, dropped=tuple(dropped), manifest=updated)
             except PreconditionFailed:
-                time.sleep(random.uniform(0.01, 0.05 * (attempt + 1)))  # noqa: S311
+                _backoff(i)
+                manifest, etag = self.read()
+                self.check_fence(manifest)
         raise StorageUnavailable(
             f"{key}: still losing the compare-and-swap after {CAS_ATTEMPTS} tries"
         )
 
-    def delete_checkpoint_objects(self, steps: list[int]) -> int:
-        """Deletes the objects of dropped steps, after the manifest no longer names them."""
-        keys: list[str] = []
-        for step in steps:
-            keys.extend(
-                k for k, _ in self.store.list_objects(self.run.key(checkpoint_prefix(step)) + "/")
-            )
-        if keys:
-            self.store.delete(keys)
-        return len(keys)
+    def sweep(self, manifest: RunManifest, dropped: tuple[ManifestEntry, ...] = ()) -> int:
+        """Deletes, after a commit that wrote ``manifest``, the objects of the entries
+        retention dropped and those older epochs left uncommitted; returns how many."""
+        root = self.run.key(CHECKPOINTS_DIR) + "/"
+        keys = [self.run.relative(k) for k, _ in self.store.list_objects(root)]
+        doomed = protocol.sweepable(keys, manifest, self.epoch, list(dropped))
+        if doomed:
+            self.store.delete([self.run.key(k) for k in doomed])
+        return len(doomed)
+
+    def abort_stale_uploads(self) -> int:
+        """Aborts the unfinished multipart uploads an older epoch, or this (epoch, rank) before
+        a restart, left; another rank's or a newer epoch's in flight are left alone."""
+        stale = [
+            (key, upload)
+            for key, upload in self.store.list_multipart(self.run.key(CHECKPOINTS_DIR) + "/")
+            if protocol.abortable(self.run.relative(key), self.epoch, self.rank)
+        ]
+        for key, upload in stale:
+            self.store.abort_multipart(key, upload)
+        return len(stale)

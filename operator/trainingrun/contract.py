@@ -48,6 +48,11 @@ ENV_KEEP = "TRAININGRUN_KEEP"
 ENV_PODINFO_DIR = "TRAININGRUN_PODINFO_DIR"
 ENV_DRAIN_SECONDS = "TRAININGRUN_DRAIN_SECONDS"
 ENV_RESTORE_STEP = "TRAININGRUN_RESTORE_STEP"
+# The fence the attempt holds (trainingrun.protocol): the sidecar writes and commits as it.
+ENV_EPOCH = "TRAININGRUN_EPOCH"
+# Which part of each checkpoint the sidecar writes, and of how many (1 for one pod an attempt).
+ENV_RANK = "TRAININGRUN_RANK"
+ENV_RANKS = "TRAININGRUN_RANKS"
 # Agent tuning, read by the CLI with defaults (an admin may set them in the agent image).
 ENV_PART_SIZE_MB = "TRAININGRUN_PART_SIZE_MB"
 ENV_CONCURRENCY = "TRAININGRUN_CONCURRENCY"

@@ -40,6 +40,7 @@ class Operator:
         stores = RunStores(kube, settings.secret_ttl_seconds)
         self.reconciler = Reconciler(kube, stores, self.events, self.metrics, settings)
         self.metrics.count_runs_with(self.reconciler.view.phases)
+        self.metrics.count_lingering_with(self.reconciler.old_pods.lingering)
         self.scheduler = Scheduler(
             self.run_pass,
             self.reconciler.view.runs.keys,

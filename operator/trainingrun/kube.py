@@ -5,6 +5,8 @@ and this module alone decides what 404, 409 and 422 mean.
 - 409 on create: the object exists (deterministic names make retries safe): return it.
 - 422 on create: the object is invalid: ``Invalid`` with the API server's message.
 - 403 on create: ``Forbidden`` (quota, terminating namespace, admission), retried later.
+- 409 on a DELETE with a UID precondition: the name is another pod's now: nothing deleted.
+- Any other answer, or none, to a DELETE of an old attempt's pod: ``ApiError``, retried later.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+import urllib3
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
@@ -27,6 +30,11 @@ class Invalid(Exception):
 
 class Forbidden(Exception):
     """403: RBAC, quota, a terminating namespace or admission; may pass later."""
+
+
+class ApiError(Exception):
+    """The API server refused a call (an answer the method does not expect) or did not answer
+    (a timeout, a lost connection); a later pass tries again."""
 
 
 def load_config(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
@@ -140,6 +148,31 @@ class Kube:
         except ApiException as e:
             if e.status != 404:
                 raise
+
+    def delete_pod_by_uid(
+        self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None
+    ) -> bool:
+        """Deletes the pod if it is still the one with ``uid`` (a precondition: a pod that took
+        the name since is never deleted). True when the API server accepted the DELETE (the pod
+        may take its grace period to go); False when it is gone (404) or the name is another
+        pod's (409); ``ApiError`` for any other answer, or none."""
+        options = client.V1DeleteOptions(
+            grace_period_seconds=grace_seconds,
+            propagation_policy="Background",
+            preconditions=client.V1Preconditions(uid=uid) if uid else None,
+        )
+        try:
+            response = self.core.delete_namespaced_pod(
+                name, namespace, body=options, _preload_content=False
+            )
+        except ApiException as e:
+            if e.status in (404, 409):
+                return False
+            raise ApiError(f"{e.status} {_message(e)}") from e
+        except urllib3.exceptions.HTTPError as e:
+            raise ApiError(f"no answer: {e}") from e
+        response.release_conn()
+        return True
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         try:

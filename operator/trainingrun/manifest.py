@@ -1,14 +1,20 @@
 """The bucket manifest: the one record of which checkpoints are committed.
 
-Layout under a run's prefix ``<uri>/<namespace>/<run>/``::
+Layout under a run's prefix ``<uri>/<namespace>/<run>/`` (version 2)::
 
-    manifest.json                                   RunManifest: committed entries, newest last
-    checkpoints/checkpoint-<step>/MANIFEST.json     CheckpointManifest: files, sizes, checksums
-    checkpoints/checkpoint-<step>/<files...>
+    manifest.json                                RunManifest: the fence, committed entries
+    checkpoints/checkpoint-<step>/e<epoch>/r<rank>/MANIFEST.json
+                                                 CheckpointManifest of one rank's part: files,
+                                                 sizes, checksums
+    checkpoints/checkpoint-<step>/e<epoch>/r<rank>/<files...>
 
-The sync sidecar writes both (the per-checkpoint file create-only, ``manifest.json`` by
-compare-and-swap); the operator and the restore only read them. This module is pure: parsing,
-validation and the choice of candidates, with no storage client.
+The epoch is the fence an attempt holds (``trainingrun.protocol``): every attempt writes under
+keys of its own, so no write of one attempt can change an object another one committed. A
+version-1 bucket has ``checkpoints/checkpoint-<step>/MANIFEST.json`` and the files beside it; its
+entries read as epoch 0 with one rank and keep that layout (``part_prefixes``).
+
+This module is pure: the models, parsing, validation, key layout and the choice of candidates,
+with no storage client.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2
 RUN_MANIFEST = "manifest.json"
 CHECKPOINT_MANIFEST = "MANIFEST.json"
 CHECKPOINTS_DIR = "checkpoints"
@@ -38,8 +44,24 @@ def checkpoint_dirname(step: int) -> str:
 
 
 def checkpoint_prefix(step: int) -> str:
-    """Key of a checkpoint's folder relative to the run prefix, ending with '/'."""
+    """Key of a checkpoint's folder relative to the run prefix, ending with '/'; in a version-1
+    bucket, where its files are."""
     return f"{CHECKPOINTS_DIR}/{checkpoint_dirname(step)}/"
+
+
+def epoch_prefix(step: int, epoch: int) -> str:
+    """The folder of the parts an attempt holding ``epoch`` wrote of ``step``; version-1
+    (epoch 0) entries use the checkpoint's folder itself."""
+    return checkpoint_prefix(step) + (f"e{epoch}/" if epoch else "")
+
+
+def part_prefix(step: int, epoch: int, rank: int) -> str:
+    """The folder of one rank's files and its MANIFEST.json, ending with '/'."""
+    if not epoch:
+        if rank:
+            raise ValueError("a version-1 checkpoint has one part, rank 0")
+        return checkpoint_prefix(step)
+    return f"{epoch_prefix(step, epoch)}r{rank}/"
 
 
 def safe_relative_path(path: str) -> str:
@@ -70,12 +92,17 @@ class FileEntry(_Model):
 
 
 class CheckpointManifest(_Model):
-    """``checkpoint-<step>/MANIFEST.json``: what a complete checkpoint consists of."""
+    """A part's ``MANIFEST.json``: what one rank's share of a checkpoint consists of (with one
+    rank, the whole checkpoint). Version-1 files have no epoch or rank: 0, of 1."""
 
     version: int
     step: int = Field(ge=0)
     files: list[FileEntry]
     created: str
+    epoch: int = Field(default=0, ge=0)
+    attempt: int = Field(default=0, ge=0)
+    rank: int = Field(default=0, ge=0)
+    ranks: int = Field(default=1, ge=1)
 
     @property
     def total_bytes(self) -> int:
@@ -84,16 +111,27 @@ class CheckpointManifest(_Model):
 
 class ManifestEntry(_Model):
     step: int = Field(ge=0)
-    prefix: str
+    prefix: str = Field(description="epoch_prefix(step, epoch): where the parts are.")
     committed: str = Field(description="Commit time, RFC 3339.")
     files: int = Field(ge=0)
     bytes: int = Field(ge=0)
+    epoch: int = Field(default=0, ge=0, description="The fence it was committed under.")
+    attempt: int = Field(default=0, ge=0, description="The attempt that wrote it, if known.")
+    ranks: int = Field(default=1, ge=1, description="How many parts it has.")
+
+    @property
+    def part_prefixes(self) -> list[str]:
+        """The folders of its parts, rank by rank, relative to the run prefix."""
+        return [part_prefix(self.step, self.epoch, r) for r in range(self.ranks)]
 
 
 class RunManifest(_Model):
-    """``manifest.json``: committed checkpoints in commit order; ``latest`` is the newest step."""
+    """``manifest.json``: the fence (the epoch allowed to commit, and who holds it) and the
+    committed checkpoints in commit order; ``latest`` is the newest step."""
 
     version: int = MANIFEST_VERSION
+    fence: int = Field(default=0, ge=0)
+    fence_holder: str = ""
     entries: list[ManifestEntry] = Field(default_factory=list)
 
     @property
@@ -101,7 +139,12 @@ class RunManifest(_Model):
         return max(self.entries, key=lambda e: e.step) if self.entries else None
 
     def to_json(self) -> bytes:
-        body = {"version": self.version, "entries": [e.model_dump() for e in self.entries]}
+        body: dict[str, Any] = {
+            "version": self.version,
+            "fence": self.fence,
+            "fence_holder": self.fence_holder,
+            "entries": [e.model_dump() for e in self.entries],
+        }
         latest = self.latest
         body["latest"] = latest.step if latest else None
         return json.dumps(body, indent=1, sort_keys=True).encode()
@@ -137,19 +180,32 @@ def parse_run_manifest(data: bytes) -> RunManifest:
     if len(steps) != len(set(steps)):
         raise ManifestError(f"{RUN_MANIFEST} names a step twice: {sorted(steps)}")
     for e in manifest.entries:
-        if e.prefix != checkpoint_prefix(e.step):
+        if e.prefix != epoch_prefix(e.step, e.epoch):
             raise ManifestError(
                 f"{RUN_MANIFEST} entry for step {e.step} has prefix {e.prefix!r}, "
-                f"expected {checkpoint_prefix(e.step)!r}"
+                f"expected {epoch_prefix(e.step, e.epoch)!r}"
+            )
+        if e.epoch > manifest.fence or (not e.epoch and e.ranks != 1):
+            raise ManifestError(
+                f"{RUN_MANIFEST} entry for step {e.step} has epoch {e.epoch} and {e.ranks} "
+                f"ranks, which its fence {manifest.fence} cannot have let in"
             )
     return manifest
 
 
-def parse_checkpoint_manifest(data: bytes, step: int) -> CheckpointManifest:
-    what = checkpoint_prefix(step) + CHECKPOINT_MANIFEST
+def parse_checkpoint_manifest(
+    data: bytes, step: int, epoch: int = 0, rank: int = 0
+) -> CheckpointManifest:
+    try:
+        what = part_prefix(step, epoch, rank) + CHECKPOINT_MANIFEST
+    except ValueError as e:
+        raise ManifestError(str(e)) from e
     manifest: CheckpointManifest = _parse(CheckpointManifest, data, what)
-    if manifest.step != step:
-        raise ManifestError(f"{what} says step {manifest.step}, expected {step}")
+    if (manifest.step, manifest.epoch, manifest.rank) != (step, epoch, rank):
+        raise ManifestError(
+            f"{what} says step {manifest.step}, epoch {manifest.epoch}, rank {manifest.rank}; "
+            f"expected {step}, {epoch}, {rank}"
+        )
     paths = [f.path for f in manifest.files]
     if len(paths) != len(set(paths)):
         raise ManifestError(f"{what} lists a file twice")
@@ -182,17 +238,19 @@ def listing_problems(checkpoint: CheckpointManifest, listing: dict[str, int]) ->
 def with_committed(
     manifest: RunManifest | None, entry: ManifestEntry, keep: int
 ) -> tuple[RunManifest, list[ManifestEntry]]:
-    """The manifest after committing ``entry`` and keeping the newest ``keep`` steps, and the
-    entries retention dropped (their objects may be deleted once the new manifest is written).
-    Committing a step that is already there replaces its entry."""
+    """The manifest (version 2) after committing ``entry`` and keeping the newest ``keep`` steps,
+    and the entries retention dropped (their objects may be deleted once the new manifest is
+    written). A step is committed once: committing one that is already there changes nothing.
+    The fence is the caller's to check (``trainingrun.protocol.commit``)."""
     if keep < 1:
         raise ValueError(f"keep must be at least 1, got {keep}")
-    entries = [e for e in (manifest.entries if manifest else []) if e.step != entry.step]
-    entries.append(entry)
-    entries.sort(key=lambda e: e.step)
+    before = manifest or RunManifest()
+    if any(e.step == entry.step for e in before.entries):
+        return before.model_copy(update={"version": MANIFEST_VERSION}), []
+    entries = sorted([*before.entries, entry], key=lambda e: e.step)
     kept, dropped = entries[-keep:], entries[:-keep]
-    version = manifest.version if manifest else MANIFEST_VERSION
-    return RunManifest(version=version, entries=kept), dropped
+    updated = before.model_copy(update={"version": MANIFEST_VERSION, "entries": kept})
+    return updated, dropped
 
 
 def worth_uploading(step: int, committed: list[int], keep: int) -> bool:
@@ -206,4 +264,5 @@ def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:
     def key(m: CheckpointManifest) -> list[tuple[str, int, str, str]]:
         return sorted((f.path, f.size, f.checksum_algorithm, f.checksum) for f in m.files)
 
-    return a.step == b.step and key(a) == key(b)
+    same_part = (a.step, a.epoch, a.rank, a.ranks) == (b.step, b.epoch, b.rank, b.ranks)
+    return same_part and key(a) == key(b)

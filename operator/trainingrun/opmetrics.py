@@ -2,8 +2,8 @@
 
 Transitions are counted by the reason of the Event each one posts (Started, Resumed, Preempted,
 Failed, CheckpointBad, Succeeded, the budget and permanent reasons), so a dashboard and
-``kubectl get events`` speak the same words. Runs by phase are read from the operator's cache
-at scrape time.
+``kubectl get events`` speak the same words. Runs by phase and lingering old pods are read from
+the operator's cache and memory at scrape time.
 """
 
 from __future__ import annotations
@@ -46,6 +46,19 @@ class OperatorMetrics:
         self.runs = Gauge(
             "trainingrun_runs", "TrainingRuns the operator knows, by phase.", ["phase"], registry=r
         )
+        self.old_pod_deletes = Counter(
+            "trainingrun_old_pod_deletes",
+            "DELETEs of pods of older attempts, by result: accepted, gone (already), or failed "
+            "(the API server refused or did not answer; retried at a later pass).",
+            ["result"],
+            registry=r,
+        )
+        self.old_pods_lingering = Gauge(
+            "trainingrun_old_pods_lingering",
+            "Pods of older attempts that do not go: still there after a grace-0 DELETE, or every "
+            "DELETE refused (an OldPodLingers Event each).",
+            registry=r,
+        )
 
     def count_runs_with(self, phases: Callable[[], Iterable[str]]) -> None:
         """Makes the runs gauge read ``phases()`` (one phase per known run) at scrape time."""
@@ -55,3 +68,7 @@ class OperatorMetrics:
 
         for phase in PHASES:
             self.runs.labels(phase=phase).set_function(counter(phase))
+
+    def count_lingering_with(self, lingering: Callable[[], int]) -> None:
+        """Makes the lingering old pods gauge read ``lingering()`` at scrape time."""
+        self.old_pods_lingering.set_function(lambda: float(lingering()))

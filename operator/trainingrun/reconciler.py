@@ -2,8 +2,10 @@
 
 Gather: the run, the pod of its current attempt and that pod's node (from the caches, read
 through to the API), and, when an attempt ended or a refresh is due, the bucket manifest. Plan:
-the pure ``trainingrun.decide.reconcile.plan``. Apply: the status is written once, then the old
-pod is deleted and the next attempt's pod created, then the Events are handed to the sink.
+the pure ``trainingrun.decide.reconcile.plan``. Apply: the status is written once and its Events
+handed to the sink, then the pods of older attempts are deleted until they are gone
+(``trainingrun.oldpods``; a refused DELETE is retried at a later pass and never stops the next
+attempt), then the next attempt's pod is created.
 
 Everything outside is passed in (the Kubernetes wrapper, the stores, the Event sink, the
 metrics, the clock), so a unit test drives a ``Reconciler`` against fakes in memory.
@@ -24,14 +26,16 @@ from pydantic import ValidationError
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.cache import ClusterView, ObjectReader
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import classify, node_not_ready
+from trainingrun.decide.classify import classify
 from trainingrun.decide.pod import RunRef, build_pod, owned_by, pod_name, resume_of
 from trainingrun.decide.reconcile import Observed, fail, is_finished, plan, started
 from trainingrun.events import EventSink
 from trainingrun.kube import Forbidden, Invalid
 from trainingrun.manifest import ManifestError
 from trainingrun.notices import Notices, PodAnnotator
+from trainingrun.oldpods import OldPods, PodDeleter
 from trainingrun.opmetrics import OperatorMetrics
+from trainingrun.protocol import StaleAttempt
 from trainingrun.settings import OperatorSettings
 from trainingrun.storage import StorageError
 from trainingrun.stores import Checkpoints, MissingSecret, RunStores
@@ -39,14 +43,13 @@ from trainingrun.stores import Checkpoints, MissingSecret, RunStores
 log = logging.getLogger("trainingrun.operator")
 
 
-class KubeApi(ObjectReader, PodAnnotator, Protocol):
+class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Protocol):
     """The calls of ``trainingrun.kube.Kube`` the reconciler makes."""
 
     def patch_run_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None: ...
     def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None: ...
 
 
 @dataclass
@@ -79,6 +82,7 @@ class Reconciler:
         self.settings = settings
         self.view = ClusterView(api)
         self.notices = notices or Notices(api, settings.notice_taints)
+        self.old_pods = OldPods(api, self.view, events, metrics)
         self._now = now
         self._monotonic = monotonic
         self._memory: dict[tuple[str, str], RunMemory] = {}
@@ -92,6 +96,7 @@ class Reconciler:
         with self._memory_lock:
             self._memory.pop((namespace, name), None)
         self.view.runs.gone((namespace, name), None)
+        self.old_pods.forget(namespace, name)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Passes for one run until nothing new happened during the last; returns seconds
@@ -125,7 +130,9 @@ class Reconciler:
         # Gone, being deleted (its pods go with it: owner references) or finished.
         if run is None or meta.get("deletionTimestamp") or is_finished(status):
             self.notices.remember((namespace, name), None)
-            return None
+            if run is None or meta.get("deletionTimestamp"):
+                return None
+            return self.old_pods.sweep(run, 0, self._now())  # the pods asked to go, until gone
         generation, now = int(meta.get("generation") or 0), self._now()
         try:
             spec = TrainingRunSpec.model_validate(run.get("spec") or {})
@@ -158,25 +165,26 @@ class Reconciler:
             latest=seen.latest,
             now=now,
         )
-        return self._apply(run, ref, obs, seen)
+        return self._apply(run, ref, obs)
 
-    def _apply(
-        self, run: dict[str, Any], ref: RunRef, obs: Observed, seen: Checkpoints
-    ) -> float | None:
+    def _apply(self, run: dict[str, Any], ref: RunRef, obs: Observed) -> float | None:
         """Status first, then Events, then the pods; the next attempt's pod only after the
         status that records the attempt has landed."""
         p = plan(obs)
         self._write_status(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
-        if p.delete_pod and self.view.pods.get((ref.namespace, p.delete_pod))[0] is not None:
-            gone = obs.node_deleted or (obs.node is not None and node_not_ready(obs.node))
-            self.api.delete_pod(ref.namespace, p.delete_pod, grace_seconds=0 if gone else None)
+        # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
+        again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pod)
         if p.create_attempt is None:
-            return p.requeue_after
+            return sooner(p.requeue_after, again)
         if p.create_attempt != p.status.attempt:
             raise AssertionError("plan asked for a pod of another attempt than the status records")
-        return self._start_attempt(run, ref, obs, p.status, seen)
+        # The fence waits for an old pod's sidecar still committing its trainer's last save.
+        wait = self.old_pods.drain_wait(ref.namespace, ref.name, ref.uid, p.status.attempt, obs.now)
+        if wait is not None:
+            return sooner(wait, again)
+        return sooner(self._start_attempt(run, ref, obs, p.status), again)
 
     def _checkpoints(self, ref: RunRef, mem: RunMemory, due: bool, first: bool) -> Checkpoints:
         """The run manifest when an attempt ended, none started yet (``first``), or a refresh
@@ -200,33 +208,38 @@ class Reconciler:
         return seen
 
     def _start_attempt(
-        self,
-        run: dict[str, Any],
-        ref: RunRef,
-        obs: Observed,
-        status: TrainingRunStatus,
-        seen: Checkpoints,
+        self, run: dict[str, Any], ref: RunRef, obs: Observed, status: TrainingRunStatus
     ) -> float | None:
         """Creates the pod of ``status.attempt`` from the newest usable checkpoint."""
         namespace, name = ref.namespace, ref.name
         try:
-            manifest = seen.manifest if seen.read else self.stores.read_manifest(ref)
+            # The fence first: from here no older attempt can commit, so the choice below sees
+            # every checkpoint there will be before this attempt's own.
+            manifest, epoch = self.stores.take_fence(ref, status.attempt)
             choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
         except MissingSecret as e:
             self._fail(run, status, R.MISSING_SECRET, str(e), obs.now)
             return None
+        except StaleAttempt as e:
+            log.warning("%s/%s: not starting attempt %d: %s", namespace, name, status.attempt, e)
+            return self.settings.resync_seconds
         except (StorageError, ManifestError) as e:
             # Without the manifest the newest checkpoint is unknown; starting fresh would lose
-            # work, so wait for the bucket instead.
-            log.warning("%s/%s: cannot choose a checkpoint, retrying: %s", namespace, name, e)
-            message = f"cannot read checkpoints: {e}"
+            # work, and without the fence an old attempt could still commit: wait for the bucket.
+            log.warning(
+                "%s/%s: cannot take the fence or choose a checkpoint, retrying: %s",
+                namespace,
+                name,
+                e,
+            )
+            message = f"cannot take the fence or read checkpoints in the bucket: {e}"
             self.events.post(run, "Warning", R.STORAGE_UNAVAILABLE, message)
             return self.settings.resync_seconds
         for step, why in choice.rejected:
             message = f"checkpoint {step} not used: {why}"
             self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
         resume = resume_of(ref, choice.entry.step) if choice.entry else None
-        pod = build_pod(ref, status.attempt, resume, self.settings.agent)
+        pod = build_pod(ref, status.attempt, resume, self.settings.agent, epoch)
         try:
             created, fresh = self.api.create_pod(pod)
         except Forbidden as e:
@@ -290,6 +303,11 @@ class Reconciler:
         updated = self.api.patch_run_status(namespace, name, new)
         if updated is not None:
             self.view.runs.put((namespace, name), updated)
+
+
+def sooner(a: float | None, b: float | None) -> float | None:
+    """The earlier of two requeue delays (None: no requeue)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def ended(

@@ -1,6 +1,7 @@
 """``trainingrun restore``: the init container that puts the chosen checkpoint on local disk.
 
-Reads ``manifest.json`` and the step's ``MANIFEST.json``, downloads every file with parallel
+Reads ``manifest.json``, the step's committed entry and the part record of each of its ranks,
+and downloads every file the parts name (all ranks' files: the whole checkpoint) with parallel
 ranged GETs into a staging folder, verifies each size and checksum as it lands, and only then
 renames the folder to ``checkpoint-<step>/`` (marked complete, so sync does not upload it again).
 Object names that would escape the folder are refused before anything is written.
@@ -28,15 +29,13 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from trainingrun import checksum, local
+from trainingrun.committed import Committed, read_committed
 from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_ERROR, EXIT_OK
 from trainingrun.manifest import (
-    CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
-    CheckpointManifest,
+    FileEntry,
     ManifestError,
     checkpoint_dirname,
-    checkpoint_prefix,
-    parse_checkpoint_manifest,
     parse_run_manifest,
     safe_relative_path,
 )
@@ -91,53 +90,48 @@ def target_path(folder: Path, relative: str) -> Path:
     return path
 
 
-def read_checkpoint(store: Store, s: RestoreSettings) -> CheckpointManifest:
-    """The step's MANIFEST.json, once manifest.json confirms the step is committed."""
+def read_checkpoint(store: Store, s: RestoreSettings) -> list[tuple[str, FileEntry]]:
+    """(key relative to the run prefix, file) of every file of the step's committed entry, once
+    manifest.json confirms the step is committed: only what that entry names is read."""
     what = checkpoint_dirname(s.step)
     raw = store.get(s.run.key(RUN_MANIFEST))
     if raw is None:
         raise CheckpointBad(f"{what}: s3://{s.run.bucket}/{s.run.key(RUN_MANIFEST)} does not exist")
     try:
         manifest = parse_run_manifest(raw)
+        entry = next((e for e in manifest.entries if e.step == s.step), None)
+        if entry is None:
+            raise CheckpointBad(f"{what} is not committed in {RUN_MANIFEST}")
+        committed: Committed = read_committed(store, s.run, entry)
+        return committed.files
     except ManifestError as e:
         raise CheckpointBad(f"{what}: {e}") from e
-    if all(e.step != s.step for e in manifest.entries):
-        raise CheckpointBad(f"{what} is not committed in {RUN_MANIFEST}")
-    prefix = s.run.key(checkpoint_prefix(s.step))
-    raw = store.get(f"{prefix}/{CHECKPOINT_MANIFEST}")
-    if raw is None:
-        raise CheckpointBad(f"{what}: {CHECKPOINT_MANIFEST} is missing")
-    try:
-        ckpt = parse_checkpoint_manifest(raw, s.step)
-    except ManifestError as e:
-        raise CheckpointBad(f"{what}: {e}") from e
-    return ckpt
 
 
 def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) -> Path:
     """Downloads and verifies checkpoint ``s.step``; returns its local folder."""
     metrics = metrics or Metrics()
     what = checkpoint_dirname(s.step)
-    prefix = s.run.key(checkpoint_prefix(s.step))
-    ckpt = read_checkpoint(store, s)
+    named = read_checkpoint(store, s)
     final = s.checkpoint_dir / what
     staging = s.checkpoint_dir / f".restore-{what}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     files = []
     algos = {}
-    for f in ckpt.files:
+    for relative_key, f in named:
         dest = target_path(staging, f.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
-        key = f"{prefix}/{f.path}"
+        key = s.run.key(relative_key)
         try:
             algos[key] = checksum.algorithm(f.checksum_algorithm)
         except ValueError as e:
             raise CheckpointBad(f"{what}: {f.path}: {e}") from e
         files.append((key, str(dest), f.size, f.checksum))
+    total = sum(f.size for _, f in named)
 
-    progress = Progress(what, ckpt.total_bytes, len(files), on_bytes=metrics.bytes.inc)
-    log.info("%s: downloading %d files, %s", what, len(files), format_bytes(ckpt.total_bytes))
+    progress = Progress(what, total, len(files), on_bytes=metrics.bytes.inc)
+    log.info("%s: downloading %d files, %s", what, len(files), format_bytes(total))
     started = time.monotonic()
     transfer = Transfer(store, s.transfer)
     try:
@@ -159,9 +153,9 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
         "%s restored and verified: %d files, %s in %.1f s (%s/s)",
         what,
         len(files),
-        format_bytes(ckpt.total_bytes),
+        format_bytes(total),
         elapsed,
-        format_bytes(ckpt.total_bytes / max(elapsed, 1e-6)),
+        format_bytes(total / max(elapsed, 1e-6)),
     )
     return final
 

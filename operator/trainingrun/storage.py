@@ -23,18 +23,6 @@ from botocore.config import Config
 
 from trainingrun.api import StorageSpec
 from trainingrun.contract import CREDENTIAL_KEYS
-from trainingrun.manifest import (
-    CHECKPOINT_MANIFEST,
-    RUN_MANIFEST,
-    CheckpointManifest,
-    ManifestEntry,
-    ManifestError,
-    RunManifest,
-    candidates,
-    listing_problems,
-    parse_checkpoint_manifest,
-    parse_run_manifest,
-)
 
 
 class StorageError(Exception):
@@ -80,6 +68,10 @@ class Location:
 
     def key(self, *parts: str) -> str:
         return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+    def relative(self, key: str) -> str:
+        """``key`` relative to the prefix (the inverse of ``key``)."""
+        return key[len(self.prefix) + 1 :] if self.prefix else key
 
 
 def parse_uri(uri: str) -> Location:
@@ -389,61 +381,3 @@ class Store:
                     f"s3://{self.bucket}/{first.get('Key')}: {len(errors)} of {len(chunk)} "
                     f"objects not deleted ({first.get('Code')}: {first.get('Message')})"
                 )
-
-
-# ---------------------------------------------------------------------------------------------
-# Reading committed checkpoints (operator side)
-
-
-def read_run_manifest(store: Store, run: Location) -> RunManifest | None:
-    """The run's manifest, None when nothing was committed yet. Raises ManifestError."""
-    data = store.get(run.key(RUN_MANIFEST))
-    return parse_run_manifest(data) if data is not None else None
-
-
-@dataclass(frozen=True)
-class Choice:
-    entry: ManifestEntry | None
-    checkpoint: CheckpointManifest | None
-    rejected: list[tuple[int, str]]  # (step, why) of newer committed entries passed over
-
-
-_UNREAD = RunManifest(version=-1)
-
-
-def choose_checkpoint(
-    store: Store, run: Location, bad_steps: set[int], manifest: RunManifest | None = _UNREAD
-) -> Choice:
-    """The newest committed checkpoint not marked bad whose objects exist with the recorded sizes;
-    older committed entries are tried in turn. ``manifest``: one the caller just read."""
-    if manifest is _UNREAD:
-        manifest = read_run_manifest(store, run)
-    if manifest is None:
-        return Choice(None, None, [])
-    rejected: list[tuple[int, str]] = []
-    for entry in candidates(manifest, bad_steps):
-        ckpt, why = check_committed(store, run, entry)
-        if ckpt is not None:
-            return Choice(entry, ckpt, rejected)
-        rejected.append((entry.step, why or "not intact"))
-    return Choice(None, None, rejected)
-
-
-def check_committed(
-    store: Store, run: Location, entry: ManifestEntry
-) -> tuple[CheckpointManifest | None, str | None]:
-    """(its MANIFEST.json, None) when a committed entry is intact: the MANIFEST.json parses, is
-    of this step, and every object it names exists with the recorded size; else (None, why)."""
-    prefix = run.key(entry.prefix) + "/"
-    try:
-        data = store.get(prefix + CHECKPOINT_MANIFEST)
-        if data is None:
-            return None, f"{CHECKPOINT_MANIFEST} is missing"
-        ckpt = parse_checkpoint_manifest(data, entry.step)
-    except ManifestError as e:
-        return None, str(e)
-    listing = {key[len(prefix) :]: size for key, size in store.list_objects(prefix)}
-    problems = listing_problems(ckpt, listing)
-    if problems:
-        return None, "; ".join(problems[:3])
-    return ckpt, None

@@ -1,7 +1,8 @@
 """The operator's side of the bucket: one ``Store`` per (endpoint, region, credentials, bucket),
 the run's credentials Secret re-read at most once per TTL, and the two reads a pass makes: the
 run manifest (its newest committed checkpoint) and the choice of the checkpoint to resume from.
-The operator only reads the bucket; the sync sidecar writes it.
+The operator writes one thing to the bucket: the fence in ``manifest.json``, taken for an
+attempt before its pod exists (``take_fence``); the sync sidecars write the rest.
 """
 
 from __future__ import annotations
@@ -14,17 +15,16 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from trainingrun.api import CheckpointRef, StorageSpec
+from trainingrun.commit import take_fence
+from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.manifest import RunManifest
 from trainingrun.storage import (
-    Choice,
     Credentials,
     CredentialsSecretError,
     Store,
-    choose_checkpoint,
     open_store,
     parse_uri,
-    read_run_manifest,
     secret_credentials,
 )
 
@@ -121,6 +121,12 @@ class RunStores:
         return Checkpoints(
             True, manifest, CheckpointRef(step=entry.step, uri=uri, time=entry.committed)
         )
+
+    def take_fence(self, ref: RunRef, attempt: int) -> tuple[RunManifest, int]:
+        """Takes the run's fence for ``attempt``: (the manifest as written, the attempt's
+        epoch). Raises MissingSecret, StaleAttempt, StorageError, ManifestError."""
+        store = self.store_for(ref.namespace, ref.spec.checkpoint.storage)
+        return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt)
 
     def choose(self, ref: RunRef, bad: set[int], manifest: RunManifest | None) -> Choice:
         """The newest committed checkpoint that verifies, given the manifest just read."""

@@ -7,6 +7,10 @@ each one not committed yet: uploads every file with a full-object checksum the e
 the protocol in ``trainingrun.commit`` (create-only MANIFEST.json, manifest.json by
 compare-and-swap, retention).
 
+Each sidecar writes as one rank of one epoch (the fence its attempt holds,
+``TRAININGRUN_EPOCH``, set by the operator; a sync started by hand takes one itself): once it
+sees a newer epoch hold the fence it stops uploading for good.
+
 On SIGTERM (the trainer has exited: a native sidecar stops last) it uploads and commits the
 newest complete checkpoint within ``TRAININGRUN_DRAIN_SECONDS``, aborts what it could not
 finish, and exits 0. A preemption notice in the pod's annotations (downward API file) becomes a
@@ -18,33 +22,36 @@ metrics are here too.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
-from typing import Any
-
-from prometheus_client import CollectorRegistry, Counter, Gauge
-from watchdog.events import FileSystemEvent, FileSystemEventHandler
-from watchdog.observers import Observer
 
 from trainingrun import local
-from trainingrun.commit import Capabilities, Committer, detect_capabilities, verify_uploaded
-from trainingrun.contract import ANNOTATION_NOTICE, now_rfc3339_micro
+from trainingrun.commit import (
+    Capabilities,
+    Committer,
+    Outcome,
+    detect_capabilities,
+    take_fence,
+    verify_uploaded,
+)
+from trainingrun.contract import now_rfc3339_micro
 from trainingrun.local import LocalCheckpoint, scan
 from trainingrun.manifest import (
     MANIFEST_VERSION,
     CheckpointManifest,
     ManifestEntry,
     ManifestError,
-    checkpoint_prefix,
+    RunManifest,
     safe_relative_path,
     worth_uploading,
 )
+from trainingrun.protocol import Fenced, StaleAttempt
 from trainingrun.storage import (
     Location,
     NotFound,
@@ -53,6 +60,7 @@ from trainingrun.storage import (
     StorageRejected,
     Store,
 )
+from trainingrun.syncsupport import Metrics, NoticeRelay, publish_progress, watch
 from trainingrun.transfer import (
     Cancelled,
     FileChanged,
@@ -83,41 +91,12 @@ class SyncSettings:
     transfer: TransferSettings = field(default_factory=TransferSettings)
     podinfo_dir: Path | None = None
     max_backoff_seconds: float = 30.0
-
-
-class Metrics:
-    """The sidecar's Prometheus metrics (served when a metrics port is set)."""
-
-    def __init__(self, registry: Any = None) -> None:
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.bytes = Counter("trainingrun_sync_uploaded_bytes", "Bytes uploaded.", registry=r)
-        self.files = Counter("trainingrun_sync_uploaded_files", "Files uploaded.", registry=r)
-        self.commits = Counter(
-            "trainingrun_sync_committed_checkpoints", "Checkpoints committed.", registry=r
-        )
-        self.last_step = Gauge(
-            "trainingrun_sync_last_committed_step", "Newest committed step.", registry=r
-        )
-        self.lag = Gauge(
-            "trainingrun_sync_upload_lag_seconds",
-            "From a checkpoint seen complete to its commit, for the last one committed.",
-            registry=r,
-        )
-        self.pending = Gauge(
-            "trainingrun_sync_pending_checkpoints",
-            "Complete checkpoints not committed yet.",
-            registry=r,
-        )
-        self.failures = Counter(
-            "trainingrun_sync_failures",
-            "Failed attempts to commit, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.trainer_step = Gauge(
-            "trainingrun_trainer_step", "The trainer's step, from its progress file.", registry=r
-        )
+    # The fence this attempt holds (the operator takes it before the pod exists); None: take
+    # one at start, for a sync run by hand.
+    epoch: int | None = None
+    attempt: int = 0
+    rank: int = 0
+    ranks: int = 1
 
 
 class Sync:
@@ -132,8 +111,10 @@ class Sync:
         self.caps: Capabilities | None = None
         self.committer: Committer | None = None
         self.committed: list[int] = []
+        self.parts_written: set[int] = set()  # steps whose part this sidecar wrote
+        self.fenced: Fenced | None = None
         self.seen_complete: dict[int, float] = {}
-        self.notice_sent = False
+        self.notice = NoticeRelay(settings.podinfo_dir, settings.checkpoint_dir, self.metrics)
         self.transfer = Transfer(store, settings.transfer)
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -150,22 +131,42 @@ class Sync:
         if not self.caps.conditional_writes:
             log.warning(
                 "the endpoint ignores If-None-Match/If-Match: commits fall back to write-then-"
-                "read-back, which is safe with one writer per run (the operator's guarantee)"
+                "read-back; two writers racing between the write and the read can both win, and "
+                "a fence taken meanwhile can be lost (docs/checkpoints.md, guarantees)"
             )
-        self.committer = Committer(self.store, self.s.run, self.caps, self.s.keep)
-        stale = self.store.list_multipart(self.s.run.key("checkpoints") + "/")
-        for key, upload_id in stale:
-            self.store.abort_multipart(key, upload_id)
-        if stale:
-            log.info("aborted %d unfinished multipart uploads of an earlier sync", len(stale))
+        epoch = self.s.epoch
+        if epoch is None:
+            holder = f"sync@{socket.gethostname()}"
+            try:
+                _, epoch = take_fence(self.store, self.s.run, holder, self.s.attempt or 1)
+            except StaleAttempt as e:
+                raise Fenced(0, 0, str(e)) from e
+            log.info("no epoch given: took the run's fence, epoch %d", epoch)
+        self.committer = Committer(
+            self.store, self.s.run, self.caps, self.s.keep, epoch, self.s.rank, self.s.ranks
+        )
+        log.info("writing as epoch %d, rank %d of %d", epoch, self.s.rank, self.s.ranks)
+        aborted = self.committer.abort_stale_uploads()
+        if aborted:
+            log.info("aborted %d unfinished multipart uploads of an earlier sync", aborted)
         self.refresh_committed()
 
     def refresh_committed(self) -> None:
+        """The committed steps, read again; raises Fenced when a newer epoch holds the fence."""
         assert self.committer is not None
         manifest, _ = self.committer.read()
+        self.committer.check_fence(manifest)
         self.committed = sorted(e.step for e in manifest.entries) if manifest else []
         if self.committed:
             self.metrics.last_step.set(self.committed[-1])
+
+    def on_fenced(self, e: Fenced) -> None:
+        """A newer attempt holds the fence: stop uploading for good (the pod is an old
+        attempt's, on its way out)."""
+        if self.fenced is None:
+            log.warning("%s; no more uploads", e)
+            self.metrics.fenced.set(1)
+        self.fenced = e
 
     def run(self) -> int:
         """The sidecar's main loop; returns the exit code."""
@@ -176,10 +177,12 @@ class Sync:
                 if not started:
                     self.start()
                     started = True
-                self.check_notice()
-                self.publish_progress()
+                self.notice.check()
+                publish_progress(self.s.checkpoint_dir, self.metrics)
                 self.sync_once(trainer_gone=False)
                 backoff = 1.0
+                if self.fenced is not None:
+                    self.stopping.wait()  # nothing more to do here until the pod stops
                 self.wait_for_changes()
             # OSError: the local folder (a file removed or unreadable mid-scan); a later pass
             # sees it as it settled.
@@ -187,6 +190,9 @@ class Sync:
                 self._failed(e)
                 self.stopping.wait(backoff * random.uniform(0.5, 1.0))  # noqa: S311
                 backoff = min(backoff * 2, self.s.max_backoff_seconds)
+            except Fenced as e:  # from start()
+                self.on_fenced(e)
+                self.stopping.wait()  # nothing more to do here until the pod stops
             except Cancelled:
                 break
         return self.drain(started)
@@ -216,6 +222,9 @@ class Sync:
                         started = True
                     self.sync_once(trainer_gone=True, newest_only=True)
                     break
+                except Fenced as e:  # from start()
+                    self.on_fenced(e)
+                    break
                 except Cancelled:
                     break
                 except (StorageError, ManifestError, FileChanged, VerificationFailed, OSError) as e:
@@ -243,35 +252,11 @@ class Sync:
         hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
         log.error("sync: %s: %s%s; retrying", reason, e, hint)
 
-    # -- notice and progress --------------------------------------------------------------
-
-    def check_notice(self) -> None:
-        if self.notice_sent or self.s.podinfo_dir is None:
-            return
-        notice = read_annotation(self.s.podinfo_dir / "annotations", ANNOTATION_NOTICE)
-        if notice:
-            log.info("preemption notice (%s): asking the trainer to save now", notice)
-            self.notice_sent = True  # once: a request that cannot be written is not retried
-            try:
-                local.request_save(self.s.checkpoint_dir, f"preemption notice: {notice}")
-            except OSError as e:
-                self.metrics.failures.labels("SaveRequestFailed").inc()
-                log.error(
-                    "cannot ask the trainer to save (%s): it saves at SIGTERM instead; run the "
-                    "pod's containers as one user (pod securityContext.runAsUser) so the sidecar "
-                    "can write to %s",
-                    e,
-                    self.s.checkpoint_dir / local.CONTROL_DIR,
-                )
-
-    def publish_progress(self) -> None:
-        progress = local.read_progress(self.s.checkpoint_dir)
-        if progress:
-            self.metrics.trainer_step.set(progress.step)
-
     # -- one pass -------------------------------------------------------------------------
 
     def sync_once(self, trainer_gone: bool, newest_only: bool = False) -> None:
+        if self.fenced is not None:
+            return
         now = time.time()
         complete = [
             c
@@ -285,12 +270,32 @@ class Sync:
         for ckpt in sorted(todo, key=lambda c: -c.step)[: 1 if newest_only else None]:
             if self.stopping.is_set() and not trainer_gone:
                 return  # drain() takes over with the newest one
-            self.upload_checkpoint(ckpt)
+            try:
+                self.upload_checkpoint(ckpt)
+            except Fenced as e:
+                self.on_fenced(e)
+                return
 
     def upload_checkpoint(self, ckpt: LocalCheckpoint) -> None:
+        """Uploads this rank's part of ``ckpt`` (once), then commits the step if all ranks'
+        parts are there. The committed steps are read first: another rank or a restarted
+        sidecar may have committed it meanwhile."""
+        assert self.committer is not None
+        self.refresh_committed()
+        if ckpt.step in self.committed:
+            return
+        started = time.monotonic()
+        if ckpt.step not in self.parts_written:
+            self.upload_part(ckpt)
+            self.parts_written.add(ckpt.step)
+        outcome = self.committer.try_commit(ckpt.step, self.s.attempt)
+        self.after_commit(ckpt, outcome, started)
+
+    def upload_part(self, ckpt: LocalCheckpoint) -> None:
+        """Uploads and verifies this rank's files of ``ckpt`` and writes its part record."""
         assert self.caps is not None and self.committer is not None
         algo = self.caps.algorithm
-        prefix = self.s.run.key(checkpoint_prefix(ckpt.step))
+        prefix = self.committer.data_prefix(ckpt.step)
         for rel, _ in ckpt.files:
             safe_relative_path(rel)
         if not ckpt.files:
@@ -304,25 +309,20 @@ class Sync:
         sums = self.transfer.upload_files(pairs, algo, progress)
         self.metrics.files.inc(len(pairs))
         entries = verify_uploaded(self.store, ckpt, prefix, algo, sums)
-        manifest = CheckpointManifest(
-            version=MANIFEST_VERSION, step=ckpt.step, files=entries, created=now_rfc3339_micro()
-        )
-        self.committer.write_checkpoint_manifest(manifest)
-        entry = ManifestEntry(
+        part = CheckpointManifest(
+            version=MANIFEST_VERSION,
             step=ckpt.step,
-            prefix=checkpoint_prefix(ckpt.step),
-            committed=now_rfc3339_micro(),
-            files=len(entries),
-            bytes=total,
+            files=entries,
+            created=now_rfc3339_micro(),
+            epoch=self.committer.epoch,
+            attempt=self.s.attempt,
+            rank=self.committer.rank,
+            ranks=self.committer.ranks,
         )
-        dropped = self.committer.commit(entry)
+        self.committer.write_part(part)
         elapsed = time.monotonic() - started
-        self.committed = sorted({*self.committed, ckpt.step} - {d.step for d in dropped})
-        self.metrics.commits.inc()
-        self.metrics.last_step.set(max(self.committed))
-        self.metrics.lag.set(time.monotonic() - self.seen_complete.get(ckpt.step, started))
         log.info(
-            "%s committed: %d files, %s in %.1f s (%s/s), %s",
+            "%s: uploaded and verified %d files, %s in %.1f s (%s/s), %s",
             what,
             len(entries),
             format_bytes(total),
@@ -330,72 +330,51 @@ class Sync:
             format_bytes(total / max(elapsed, 1e-6)),
             algo.name,
         )
-        if dropped:
-            self.delete_dropped(dropped)
 
-    def delete_dropped(self, dropped: list[ManifestEntry]) -> None:
-        """Retention's second half: the objects of the steps the manifest no longer names."""
-        assert self.committer is not None
-        names = ", ".join(f"checkpoint-{d.step}" for d in dropped)
-        try:
-            n = self.committer.delete_checkpoint_objects([d.step for d in dropped])
-        except StorageError as e:
-            # The manifest no longer names them: left over, they cost space, never a resume.
-            self.metrics.failures.labels("RetentionDeleteFailed").inc()
-            log.warning(
-                "retention (keep %d): dropped %s from the manifest, but deleting their "
-                "objects failed: %s; they stay in the bucket unused (s3:DeleteObject needed)",
-                self.s.keep,
-                names,
-                e,
-            )
+    def after_commit(self, ckpt: LocalCheckpoint, outcome: Outcome, started: float) -> None:
+        what = f"checkpoint-{ckpt.step}"
+        if outcome.missing:
+            log.info("%s: part written; waiting for ranks %s", what, list(outcome.missing))
             return
-        log.info("retention (keep %d): dropped %s, deleted %d objects", self.s.keep, names, n)
+        if outcome.already is not None:
+            log.info("%s is committed already (epoch %d)", what, outcome.already)
+            self.committed = sorted({*self.committed, ckpt.step})
+            return
+        dropped = list(outcome.dropped)
+        self.committed = sorted({*self.committed, ckpt.step} - {d.step for d in dropped})
+        self.metrics.commits.inc()
+        self.metrics.last_step.set(max(self.committed))
+        self.metrics.lag.set(time.monotonic() - self.seen_complete.get(ckpt.step, started))
+        log.info("%s committed (epoch %d)", what, self.committer.epoch if self.committer else 0)
+        if outcome.manifest is not None and self.committer is not None:
+            sweep(self.committer, outcome.manifest, dropped, self.metrics)
 
 
-def read_annotation(path: Path, name: str) -> str | None:
-    """One annotation from a downward API file (lines of ``key="escaped value"``)."""
+def sweep(
+    committer: Committer, manifest: RunManifest, dropped: list[ManifestEntry], metrics: Metrics
+) -> None:
+    """Retention's second half and the old epochs' leftovers: objects no entry names."""
+    names = ", ".join(f"checkpoint-{d.step}" for d in dropped)
     try:
-        text = path.read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    for line in text.splitlines():
-        key, sep, value = line.partition("=")
-        if sep and key == name:
-            value = value.strip()
-            if len(value) >= 2 and value[0] == value[-1] == '"':
-                # Go's %q leaves printable non-ASCII as UTF-8; only backslash escapes decode.
-                value = value[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
-            return value or "set"
-    return None
-
-
-def _watch(checkpoint_dir: Path, wake: threading.Event) -> Any:
-    """Wakes the loop on any change under the folder; None when inotify is unavailable (the loop
-    then polls)."""
-
-    root = str(checkpoint_dir)
-
-    class _Wake(FileSystemEventHandler):
-        def on_any_event(self, event: FileSystemEvent) -> None:
-            # The progress file changes at every step: waking a scan for it would cost the
-            # trainer CPU at every step for nothing (progress is read on the poll anyway).
-            paths = [event.src_path, getattr(event, "dest_path", "") or ""]
-            if any(
-                p and not local.is_control(os.path.relpath(os.fsdecode(p), root)) for p in paths
-            ):
-                wake.set()
-
-    checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    observer = Observer()
-    try:
-        observer.schedule(_Wake(), str(checkpoint_dir), recursive=True)
-        observer.daemon = True
-        observer.start()
-    except OSError as e:
-        log.warning("inotify unavailable (%s); polling the folder instead", e)
-        return None
-    return observer
+        n = committer.sweep(manifest, tuple(dropped))
+    except StorageError as e:
+        # The manifest no longer names them: left over, they cost space, never a resume.
+        metrics.failures.labels("RetentionDeleteFailed").inc()
+        log.warning(
+            "retention (keep %d): %s; deleting unused objects failed: %s; they stay in the "
+            "bucket unused (s3:DeleteObject needed)",
+            committer.keep,
+            f"dropped {names} from the manifest" if names else "nothing dropped",
+            e,
+        )
+        return
+    if dropped or n:
+        log.info(
+            "retention (keep %d): dropped %s, deleted %d unused objects",
+            committer.keep,
+            names or "nothing",
+            n,
+        )
 
 
 def main(store: Store, settings: SyncSettings, metrics: Metrics) -> int:
@@ -412,7 +391,7 @@ def main(store: Store, settings: SyncSettings, metrics: Metrics) -> int:
             settings.checkpoint_dir / local.CONTROL_DIR,
             e,
         )
-    observer = _watch(settings.checkpoint_dir, sync.wake)
+    observer = watch(settings.checkpoint_dir, sync.wake)
     log.info(
         "sync: watching %s%s, committing to s3://%s/%s (keep %d)",
         settings.checkpoint_dir,

@@ -15,6 +15,7 @@ from typing import Any, TextIO
 from kubernetes import config
 
 from trainingrun import api
+from trainingrun.committed import check_committed, read_run_manifest
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.kube import Kube, load_config
 from trainingrun.manifest import ManifestError
@@ -22,10 +23,8 @@ from trainingrun.storage import (
     Location,
     StorageError,
     Store,
-    check_committed,
     open_store,
     parse_uri,
-    read_run_manifest,
     secret_credentials,
 )
 from trainingrun.transfer import format_bytes

@@ -29,6 +29,7 @@ from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 from tests.podrunner.node import TOLERATION
+from trainingrun.manifest import parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -155,6 +156,14 @@ class Chain:
         wait_for(lambda: self.step(attempt), 240, f"attempt {attempt} training")
         return self.resume_step(attempt)
 
+    def object_key(self, s3: Any, step: int, name: str) -> str:
+        """The key of rank 0's file ``name`` in the committed checkpoint ``step``: the entry
+        says which attempt's objects are the committed ones."""
+        body = s3.get_object(Bucket=self.env.bucket, Key=f"{self.run_key}/manifest.json")
+        manifest = parse_run_manifest(body["Body"].read())
+        entry = next(e for e in manifest.entries if e.step == step)
+        return f"{self.run_key}/{entry.part_prefixes[0]}{name}"
+
     def committed(self, s3: Any) -> list[int]:
         try:
             body = s3.get_object(Bucket=self.env.bucket, Key=f"{self.run_key}/manifest.json")
@@ -234,8 +243,7 @@ def test_three_disruptions_resume_to_the_uninterrupted_weights(
     assert lost[0][3] <= 1, "a graceful eviction should lose no step: the save comes first"
 
     final = s3.get_object(
-        Bucket=localenv.bucket,
-        Key=f"{chain.run_key}/checkpoints/checkpoint-{MAX_STEPS}/model.safetensors",
+        Bucket=localenv.bucket, Key=chain.object_key(s3, MAX_STEPS, "model.safetensors")
     )["Body"].read()
     assert final == weights, "final weights differ from the uninterrupted run"
     last = losses(tmp_path / "loss-4.jsonl")
@@ -259,7 +267,7 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     # Kill the trainer once checkpoint-20 is committed and before checkpoint-30 is saved.
     wait_for(lambda: 20 in chain.committed(s3), 240, "checkpoint-20 committed")
     assert chain.step(1) < 29, "the trainer ran ahead of the sidecar; raise STEP_DELAY"
-    key = f"{chain.run_key}/checkpoints/checkpoint-20/model.safetensors"
+    key = chain.object_key(s3, 20, "model.safetensors")
     body = bytearray(s3.get_object(Bucket=localenv.bucket, Key=key)["Body"].read())
     body[len(body) // 3] ^= 0x01
     s3.put_object(Bucket=localenv.bucket, Key=key, Body=bytes(body))
@@ -277,7 +285,6 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     assert chain.resume_step(3) == 10
     assert runs.wait_events("corrupt", "CheckpointBad")
     final = s3.get_object(
-        Bucket=localenv.bucket,
-        Key=f"{chain.run_key}/checkpoints/checkpoint-{MAX_STEPS}/model.safetensors",
+        Bucket=localenv.bucket, Key=chain.object_key(s3, MAX_STEPS, "model.safetensors")
     )["Body"].read()
     assert final == weights

@@ -288,7 +288,8 @@ def container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
 def commit_checkpoint(
     s3: Any, bucket: str, run_key: str, step: int, files: dict[str, bytes]
 ) -> None:
-    """Commits a checkpoint as the sync sidecar does: objects, MANIFEST.json, manifest.json."""
+    """Commits a checkpoint in the version-1 layout (``checkpoint-<step>/`` with its files),
+    as a run begun before the upgrade has them: objects, MANIFEST.json, manifest.json."""
     prefix = f"{run_key}/{checkpoint_prefix(step)}"
     entries = []
     for path, data in files.items():
@@ -318,5 +319,6 @@ def commit_checkpoint(
         files=len(entries),
         bytes=sum(len(d) for d in files.values()),
     )
-    manifest = RunManifest(entries=[*current.entries, entry])
+    # The fence the operator took stays: only the entries change.
+    manifest = current.model_copy(update={"entries": [*current.entries, entry]})
     s3.put_object(Bucket=bucket, Key=f"{run_key}/{RUN_MANIFEST}", Body=manifest.to_json())

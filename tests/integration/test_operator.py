@@ -12,7 +12,9 @@ operator's metrics (transitions
 by reason, pods created, passes, runs by phase); a pod of the attempt's name that is not the
 run's is never adopted (PodNameTaken) and the run starts once it is gone; `kubectl get
 trainingruns` columns; the operator SIGKILLed around resubmissions leaves exactly one pod per
-attempt and no attempt number skipped.
+attempt and no attempt number skipped; a pod of an older attempt that is still there is deleted
+(a DELETE with its UID as precondition), while one with the run's labels that is not the run's
+is left alone.
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ from tests.integration.support import (
     wait_for,
 )
 from tests.localenv import KWOK_NODE_ANNOTATION, LocalEnv
-from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
+from trainingrun import api
+from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD, LABEL_ATTEMPT, LABEL_RUN
 
 pytestmark = pytest.mark.usefixtures("operator")
 
@@ -239,6 +242,56 @@ def test_node_not_ready_is_a_preemption(
     assert status["restarts"] == 0
     # The attempt on the lost node is deleted so it cannot write again.
     wait_for(lambda: runs.pod("sick-1") is None, 30, "pod sick-1 deleted")
+
+
+def test_a_pod_of_an_older_attempt_is_deleted_and_one_not_the_runs_is_not(
+    runs: Runs,
+    localenv: LocalEnv,
+    prefix: str,
+    kwok_node: Any,
+    core_v1: Any,
+    operator: OperatorProcess,
+) -> None:
+    node = kwok_node()
+    start(runs, localenv, prefix, "stale", node)
+    core_v1.delete_namespaced_pod("stale-1", runs.namespace, grace_period_seconds=0)
+    runs.wait_status("stale", lambda s: s.get("activePod") == "stale-2", 30, "attempt 2 started")
+    owner = {
+        "apiVersion": f"{api.GROUP}/{api.VERSION}",
+        "kind": api.KIND,
+        "name": "stale",
+        "uid": runs.get("stale")["metadata"]["uid"],
+        "controller": True,
+    }
+    # Attempt 1's pod back (as if its DELETE had been lost), and a copy that is not the run's.
+    for name, owners in (("stale-1", [owner]), ("stale-copy", [])):
+        core_v1.create_namespaced_pod(
+            runs.namespace,
+            {
+                "metadata": {
+                    "name": name,
+                    "labels": {LABEL_RUN: "stale", LABEL_ATTEMPT: "1"},
+                    "ownerReferences": owners,
+                },
+                "spec": {
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "c", "image": "example.invalid/other:1"}],
+                },
+            },
+        )
+    # The next pass of the run sweeps (a change of the run here; else the periodic resync).
+    runs.custom.patch_namespaced_custom_object(
+        api.GROUP,
+        api.VERSION,
+        runs.namespace,
+        api.PLURAL,
+        "stale",
+        {"metadata": {"annotations": {"example.com/poke": "1"}}},
+    )
+    wait_for(lambda: runs.pod("stale-1") is None, 30, "the old attempt's pod stale-1 deleted")
+    assert runs.pod("stale-copy") is not None
+    assert runs.status("stale")["activePod"] == "stale-2"
+    assert operator.metrics().get('trainingrun_old_pod_deletes_total{result="accepted"}', 0) >= 1
 
 
 def test_max_restarts_exhausted_ends_failed(

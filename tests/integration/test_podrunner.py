@@ -8,7 +8,10 @@ emptyDir shared inside a pod and private to it; downward API annotations refresh
 StartError; a failing init container fails the pod; eviction → SIGTERM, grace, SIGKILL, sidecar
 last, pod gone; SIGKILL of a container → 137; the runner's own SIGTERM stops every process and
 marks pods as a node shutdown does; node Ready=False on report, and NotReady (Unknown) when
-heartbeats stop.
+heartbeats stop; a partition from the API server: no lease renewal or status write, a
+force-deleted pod's processes keep running (a sidecar that exits restarts with the credentials
+looked up before), and after the heal they are stopped, the missed status is written and the
+node is Ready again.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tests import localenv as localenv_mod
 from tests.integration.support import wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle, placement, start_runner
+from tests.podrunner.node import LEASE_NAMESPACE, LEASE_RENEW_S
 
 # A mount point no other test uses, so nothing leaks to or from the host's own folders.
 SCRATCH = "/tr-podrunner-test/data"
@@ -554,3 +558,89 @@ def test_stopped_heartbeats_make_the_node_not_ready(localenv: LocalEnv, core_v1:
             "the node-lifecycle controller's unreachable taint",
         )
         print(f"node NotReady {took:.0f}s after heartbeats stopped (grace {grace:.0f}s)")
+
+
+# ---------------------------------------------------------------------------------------------
+# a network partition between the runner and the API server
+
+
+def partition_pods(core: Any, namespace: str, node: str) -> None:
+    """``kept``: a ticking trainer and a sidecar (credentials from a Secret) that exits once
+    when told to; ``ender``: a trainer that exits 0 when told to."""
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(metadata=client.V1ObjectMeta(name="creds"), string_data={"KEY": "k-42"}),
+    )
+    key_env = [{"name": "KEY", "valueFrom": {"secretKeyRef": {"name": "creds", "key": "KEY"}}}]
+    sidecar = sh(
+        "sync",
+        f"trap 'exit 0' TERM; if [ -e {SCRATCH}/crashed ]; then"
+        f' echo "$KEY" > {SCRATCH}/key-after-restart; else'
+        f" while [ ! -e {SCRATCH}/crash ]; do sleep 0.1; done; touch {SCRATCH}/crashed; exit 1;"
+        " fi; while true; do sleep 0.1; done",
+        restartPolicy="Always",
+        env=key_env,
+        volumeMounts=data_mount(),
+    )
+    ticker = sh(
+        "trainer",
+        f"while true; do date +%s.%N >> {SCRATCH}/ticks; sleep 0.1; done",
+        volumeMounts=data_mount(),
+    )
+    create(core, namespace, make_pod("kept", node, [ticker], init=[sidecar], grace=3))
+    ender = sh(
+        "trainer", f"while [ ! -e {SCRATCH}/go ]; do sleep 0.1; done", volumeMounts=data_mount()
+    )
+    create(core, namespace, make_pod("ender", node, [ender]))
+    for name in ("kept", "ender"):
+        wait_phase(core, namespace, name, ("Running",))
+
+
+def pod_exists(core: Any, namespace: str, name: str) -> bool:
+    try:
+        core.read_namespaced_pod(name, namespace)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+        return False
+    return True
+
+
+def test_partition_keeps_deleted_pods_running_until_healed(
+    localenv: LocalEnv, core_v1: Any, namespace: str
+) -> None:
+    coordination = client.CoordinationV1Api(core_v1.api_client)
+    with start_runner(localenv) as handle:
+
+        def renew_time() -> Any:
+            return coordination.read_namespaced_lease(handle.node, LEASE_NAMESPACE).spec.renew_time
+
+        wait_for(lambda: _lease_or_none(coordination, handle.node), 30, "the node's first Lease")
+        partition_pods(core_v1, namespace, handle.node)
+        kept = handle.pod_dir(namespace, "kept") / "volumes" / "data"
+
+        handle.partition()
+        time.sleep(1)  # a call already under way when the signal came may still land
+        cut_at, renewed = time.monotonic(), renew_time()
+        core_v1.delete_namespaced_pod("kept", namespace, grace_period_seconds=0)
+        assert not pod_exists(core_v1, namespace, "kept"), "a force delete removes the object"
+        (kept / "crash").write_text("")  # the sidecar exits 1 and must restart, link or not
+        (handle.pod_dir(namespace, "ender") / "volumes" / "data" / "go").write_text("")
+        wait_for((kept / "key-after-restart").exists, 15, "the sidecar restarted")
+        assert (kept / "key-after-restart").read_text() == "k-42\n"
+        pids = [handle.wait_pid(namespace, "kept", c) for c in ("sync", "trainer")]
+        ticks = len((kept / "ticks").read_text().splitlines())
+        time.sleep(max(0.0, cut_at + LEASE_RENEW_S + 1 - time.monotonic()))  # past a renewal
+
+        assert all(pid_alive(p) for p in pids), "a partitioned node's processes stopped"
+        assert len((kept / "ticks").read_text().splitlines()) > ticks + 20
+        assert handle.pid_of(namespace, "ender", "trainer") is None, "ender's trainer runs"
+        assert read(core_v1, namespace, "ender")["status"]["phase"] == "Running"
+        assert renew_time() == renewed, "the lease was renewed while partitioned"
+
+        handle.heal()
+        wait_for(lambda: not any(pid_alive(p) for p in pids), 3 + 15, "kept's processes stopped")
+        done = wait_phase(core_v1, namespace, "ender", ("Succeeded", "Failed"), timeout_s=15)
+        assert done["status"]["phase"] == "Succeeded"
+        wait_for(lambda: node_ready(core_v1, handle.node) == "True", 15, "Ready after the heal")
+        wait_for(lambda: renew_time() != renewed, 15, "the lease renewed after the heal")

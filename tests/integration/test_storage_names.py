@@ -24,13 +24,13 @@ import pytest
 
 from tests import localenv as localenv_mod
 from tests.integration.agents import S3, SyncProcess, agent_env, make_checkpoint, wait_committed
+from trainingrun.committed import choose_checkpoint
 from trainingrun.manifest import RUN_MANIFEST
 from trainingrun.storage import (
     BucketNotFound,
     Credentials,
     Location,
     Store,
-    choose_checkpoint,
     make_client,
 )
 

@@ -51,6 +51,16 @@ Simulating node trouble (signals to the runner process):
 - SIGUSR2: resume heartbeats and report Ready.
 - SIGHUP: keep heartbeats but report ``Ready=False`` (reason KubeletNotReady), as a kubelet whose
   runtime is down; the controller reacts at its next monitor period, no grace wait.
+- SIGRTMIN (``partition()``): a network partition between the node and the API server. The
+  runner makes no API call at all: no heartbeat or lease renewal, no pod status write, no final
+  pod delete, no Secret, ConfigMap or token lookup (a container restarted meanwhile gets the
+  values looked up before); pod events still arriving on an open watch are dropped unread. The
+  pods' processes keep running and reach anything but the API server (the S3 endpoint, say).
+  The controller marks the node ``Unknown`` after its grace, as for SIGUSR1; a test that cannot
+  wait that long writes the condition itself, as the controller would.
+- SIGRTMIN+1 (``heal()``): the link is back. The node posts Ready at once and renews its lease;
+  the runner lists its pods again: pods deleted meanwhile (a force delete leaves no trace) have
+  their processes stopped (SIGTERM, the pod's grace, SIGKILL), and status writes resume.
 
 From Python (tests, demo): ``start_runner(env)`` returns a ``RunnerHandle``; pods go to its
 node with ``placement(handle.node)`` in their spec (nodeSelector + toleration).
@@ -74,6 +84,7 @@ from kubernetes.client.rest import ApiException
 
 from tests.localenv import RUNNER_PID_FILE as PID_FILE
 from tests.localenv import LocalEnv, state_dir
+from tests.podrunner.link import HEAL_SIGNAL, PARTITION_SIGNAL
 from tests.podrunner.node import LEASE_NAMESPACE, TOLERATION
 
 REPO = Path(__file__).resolve().parents[2]
@@ -167,6 +178,14 @@ class RunnerHandle:
     def report_not_ready(self) -> None:
         """The node reports Ready=False itself, heartbeats go on."""
         self.proc.send_signal(signal.SIGHUP)
+
+    def partition(self) -> None:
+        """Cuts the runner off the API server; its pods' processes keep running."""
+        self.proc.send_signal(PARTITION_SIGNAL)
+
+    def heal(self) -> None:
+        """Ends the partition: the node reports Ready, pods deleted meanwhile are stopped."""
+        self.proc.send_signal(HEAL_SIGNAL)
 
     def alive(self) -> bool:
         return self.proc.poll() is None

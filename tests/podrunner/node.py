@@ -1,7 +1,8 @@
 """The Node the runner plays the kubelet for: registration, a Lease in ``kube-node-lease`` renewed
 like the kubelet's, and the node status heartbeat. Heartbeats can be switched off to simulate a
 lost node (the node-lifecycle controller then marks it ``Unknown`` after its grace period), and
-the node can report ``Ready=False`` itself (as a kubelet with a broken runtime does)."""
+the node can report ``Ready=False`` itself (as a kubelet with a broken runtime does). Nothing is
+sent while the runner's link to the API server is cut (``tests.podrunner.link``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from tests.podrunner.link import Link
 
 log = logging.getLogger("podrunner.node")
 
@@ -46,12 +49,14 @@ class NodeAgent:
         name: str,
         capacity: dict[str, str],
         taint: bool = True,
+        link: Link | None = None,
     ) -> None:
         self.core = client.CoreV1Api(api)
         self.coordination = client.CoordinationV1Api(api)
         self.name = name
         self.capacity = capacity
         self.taint = taint
+        self.link = link or Link()
         self.heartbeats = True
         self.ready = True
         self.not_ready_message = ""
@@ -181,7 +186,7 @@ class NodeAgent:
     def _loop(self) -> None:
         last_status = 0.0
         while not self._stopped.is_set():
-            if self.heartbeats:
+            if self.heartbeats and self.link.up:
                 try:
                     self.renew_lease()
                     if time.monotonic() - last_status >= STATUS_REPORT_S:
@@ -206,6 +211,13 @@ class NodeAgent:
         self.heartbeats = True
         self._wake.set()
 
+    def reconnected(self) -> None:
+        """The link is back: beat at once. The node-lifecycle controller has likely marked the
+        node ``Unknown`` meanwhile, so Ready=True is a transition again."""
+        if self.ready:
+            self._ready_since = now()
+        self._wake.set()
+
     def report_not_ready(self, message: str = "container runtime is down (simulated)") -> None:
         log.warning("node %s: reporting Ready=False: %s", self.name, message)
         if self.ready:
@@ -220,7 +232,7 @@ class NodeAgent:
         self._wake.set()
         if self._thread:
             self._thread.join(timeout=15)
-        if self.heartbeats:
+        if self.heartbeats and self.link.up:
             self.report_not_ready(message)
             try:
                 self.post_status()

@@ -1,7 +1,10 @@
 """One pod's life on the local node, lived the way the kubelet lives it (``restartPolicy: Never``
 only): volumes, init containers in order, native sidecars up before what follows them and down
 after the main containers, main containers, graceful termination on deletion, status writes, and
-the final delete with grace 0.
+the final delete with grace 0. While the runner's link to the API server is cut (a simulated
+partition, ``tests.podrunner.link``) the pod goes on with what it knows: no status write, no final
+delete, and Secrets and ConfigMaps only from what it looked up before (a sidecar restart still
+finds its credentials, as a kubelet's cache would).
 
 Each pod has a folder ``<state-dir>/<namespace>_<pod>/`` with, per container, ``<name>.log``,
 ``<name>.pid`` (while it runs) and ``<name>.termination-log``, and ``volumes/<volume>/``.
@@ -9,50 +12,52 @@ Each pod has a folder ``<state-dir>/<namespace>_<pod>/`` with, per container, ``
 
 from __future__ import annotations
 
-import base64
 import copy
 import logging
 import shutil
 import signal
-import subprocess
 import threading
 import time
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
+from tests.podrunner.link import Link
 from tests.podrunner.node import now
+from tests.podrunner.podapi import PodApi, PodGone
 from tests.podrunner.process import exit_code, launch, signal_group, stop, which
 from tests.podrunner.spec import (
-    POD_IP,
     ConfigError,
     command_line,
     container_env,
-    downward_files,
     is_sidecar,
-    key_files,
     mounts_of,
     termination_message,
-    volume_kind,
 )
+from tests.podrunner.status import (
+    INIT,
+    MAIN,
+    SIDECAR,
+    TERMINAL,
+    Container,
+    Progress,
+    Transitions,
+    mark_lost,
+    phase,
+    pod_status,
+    ran_before,
+)
+from tests.podrunner.volumes import PodVolumes
 
 log = logging.getLogger("podrunner.pod")
 
-INIT, SIDECAR, MAIN = "init", "sidecar", "main"
 TICK_S = 0.2
 CONFIG_RETRY_S = 2.0
 MIN_SIDECAR_GRACE_S = 2  # the kubelet gives sidecars at least this much after the main ones
 SIDECAR_BACKOFF_MAX_S = 10
 DEFAULT_GRACE_S = 30
-STRATEGIC = "application/strategic-merge-patch+json"  # conditions merge by type
-SHUTDOWN_REASON = "Terminated"
-SHUTDOWN_MESSAGE = "Pod was terminated in response to imminent node shutdown."
-LOST_MESSAGE = "The container could not be located when the pod was terminated"
-TERMINAL = ("Succeeded", "Failed")
 
 
 @dataclass
@@ -63,60 +68,7 @@ class Context:
     node: str
     state_dir: Path
     shutdown_grace_s: float
-
-
-@dataclass
-class Container:
-    spec: dict[str, Any]
-    kind: str
-    state: dict[str, Any] = field(
-        default_factory=lambda: {"waiting": {"reason": "PodInitializing"}}
-    )
-    last_state: dict[str, Any] = field(default_factory=dict)
-    restarts: int = 0
-    proc: subprocess.Popen[bytes] | None = None
-    container_id: str = ""
-    started_once: bool = False
-    restart_at: float | None = None
-
-    @property
-    def name(self) -> str:
-        return str(self.spec["name"])
-
-    @property
-    def running(self) -> bool:
-        return "running" in self.state
-
-    @property
-    def exit_code(self) -> int | None:
-        term = self.state.get("terminated")
-        return None if term is None else int(term["exitCode"])
-
-
-def write_atomic(folder: Path, files: dict[str, str]) -> None:
-    """Writes a volume's files the way the kubelet's atomic writer does: a fresh timestamped
-    folder, the ``..data`` symlink swapped by rename, and one symlink per top-level name."""
-    folder.mkdir(parents=True, exist_ok=True)
-    fresh = folder / f"..{time.strftime('%Y_%m_%d_%H_%M_%S')}.{uuid.uuid4().hex[:8]}"
-    fresh.mkdir()
-    for rel, content in files.items():
-        (fresh / rel).parent.mkdir(parents=True, exist_ok=True)
-        (fresh / rel).write_text(content)
-    tmp = folder / "..data_tmp"
-    tmp.unlink(missing_ok=True)
-    tmp.symlink_to(fresh.name)
-    tmp.replace(folder / "..data")
-    for top in {rel.split("/")[0] for rel in files}:
-        link = folder / top
-        if not link.is_symlink():
-            link.symlink_to(f"..data/{top}")
-    for old in folder.glob("..*_*"):
-        if old.is_dir() and not old.is_symlink() and old.name != fresh.name:
-            shutil.rmtree(old, ignore_errors=True)
-
-
-def _unready(names: list[str], what: str) -> str:
-    return f"containers with {what} status: [{' '.join(names)}]"
+    link: Link = field(default_factory=Link)
 
 
 class PodWorker:
@@ -146,9 +98,11 @@ class PodWorker:
         self.lost = False
         self.shut_down = False
         self.start_time: str | None = None
-        self.volume_dirs: dict[str, Path] = {}
-        self.downward: dict[str, dict[str, str]] = {}
-        self.transitions: dict[str, tuple[str, str]] = {}
+        self.api = PodApi(ctx.core, ctx.link, self.namespace, self.name, self.uid)
+        self.volumes = PodVolumes(
+            self.dir / "volumes", self.namespace, self.api.lookup, self.api.token
+        )
+        self.transitions = Transitions()
         self.last_status: dict[str, Any] | None = None
         self.thread = threading.Thread(
             target=self.run, name=f"pod {self.namespace}/{self.name}", daemon=True
@@ -198,7 +152,7 @@ class PodWorker:
             self.last_status = {}  # never rewrite what an earlier runner wrote
             self._await_end()
             return
-        if self._ran_before(status):
+        if ran_before(status):
             self._mark_lost(status)
             self._await_end()
             return
@@ -219,27 +173,8 @@ class PodWorker:
         self._await_end()
 
     def _prepare_volumes(self) -> bool:
-        pod = self.pod()
-        root = self.dir / "volumes"
         try:
-            for v in pod["spec"].get("volumes") or []:
-                kind = volume_kind(v)
-                path = root / v["name"]
-                if kind == "emptyDir":
-                    path.mkdir(parents=True, exist_ok=True)
-                elif kind == "downwardAPI":
-                    files = downward_files(v, pod)
-                    write_atomic(path, files)
-                    self.downward[v["name"]] = files
-                elif kind == "hostPath":
-                    path = Path(v["hostPath"]["path"])
-                    if v["hostPath"].get("type") == "DirectoryOrCreate":
-                        path.mkdir(parents=True, exist_ok=True)
-                elif kind == "projected":
-                    write_atomic(path, self._projected_files(v, pod))
-                else:
-                    write_atomic(path, self._key_files(v[kind], kind))
-                self.volume_dirs[v["name"]] = path
+            self.volumes.prepare(self.pod())
         except ConfigError as e:
             for c in self.containers:
                 c.state = {"waiting": {"reason": "ContainerCreating", "message": str(e)}}
@@ -249,51 +184,6 @@ class PodWorker:
             if c.state.get("waiting", {}).get("reason") == "ContainerCreating":
                 c.state = {"waiting": {"reason": "PodInitializing"}}
         return True
-
-    def _key_files(self, source: dict[str, Any], kind: str) -> dict[str, str]:
-        """The files of a secret or configMap volume (or projected source)."""
-        ref = source.get("secretName") or source.get("name") or ""
-        data = self._lookup("Secret" if kind == "secret" else "ConfigMap", self.namespace, ref)
-        if data is None and not source.get("optional"):
-            raise ConfigError(f'{kind} "{ref}" not found')
-        return key_files(source, data or {})
-
-    def _projected_files(self, volume: dict[str, Any], pod: dict[str, Any]) -> dict[str, str]:
-        """A projected volume (such as the service account's ``kube-api-access-*``); its token
-        comes from the TokenRequest API, bound to the pod, as the kubelet gets it."""
-        files: dict[str, str] = {}
-        for source in volume["projected"].get("sources") or []:
-            if "downwardAPI" in source:
-                files.update(downward_files({"name": volume["name"], **source}, pod))
-            elif "secret" in source or "configMap" in source:
-                kind = "secret" if "secret" in source else "configMap"
-                files.update(self._key_files(source[kind], kind))
-            elif "serviceAccountToken" in source:
-                files[source["serviceAccountToken"]["path"]] = self._token(
-                    source["serviceAccountToken"], pod
-                )
-            else:
-                raise ConfigError(f"volume {volume['name']}: projected source {list(source)}")
-        return files
-
-    def _token(self, source: dict[str, Any], pod: dict[str, Any]) -> str:
-        request = client.AuthenticationV1TokenRequest(
-            spec=client.V1TokenRequestSpec(
-                audiences=[source["audience"]] if source.get("audience") else [],
-                expiration_seconds=source.get("expirationSeconds", 3600),
-                bound_object_ref=client.V1BoundObjectReference(
-                    api_version="v1", kind="Pod", name=self.name, uid=self.uid
-                ),
-            )
-        )
-        account = pod["spec"].get("serviceAccountName") or "default"
-        try:
-            answer = self.ctx.core.create_namespaced_service_account_token(
-                account, self.namespace, request
-            )
-        except ApiException as e:
-            raise ConfigError(f"token of service account {account}: {e.reason}") from e
-        return str(answer.status.token)
 
     def _run_init_containers(self) -> bool:
         for c in self.containers:
@@ -364,20 +254,11 @@ class PodWorker:
         """A terminal pod stays until it is deleted; then it goes, with grace 0."""
         while not self.stop_requested():
             self._tick(1.0)
-        if self.deleting and not self.gone:
+        while self.deleting and not (self.gone or self.shutdown or self.ctx.link.wait_up(1.0)):
+            pass  # the final write and delete wait for the link, unless news of the end comes
+        if self.deleting and not self.gone and self.ctx.link.up:
             self._write_status()
-            try:
-                self.ctx.core.delete_namespaced_pod(
-                    self.name,
-                    self.namespace,
-                    grace_period_seconds=0,
-                    body=client.V1DeleteOptions(
-                        grace_period_seconds=0, preconditions=client.V1Preconditions(uid=self.uid)
-                    ),
-                )
-            except ApiException as e:
-                if e.status not in (404, 409):
-                    raise
+            self.api.delete()
             log.info("pod %s/%s: deleted", self.namespace, self.name)
         if self.deleting or self.gone:
             shutil.rmtree(self.dir / "volumes", ignore_errors=True)
@@ -387,29 +268,14 @@ class PodWorker:
     def _file(self, c: Container, suffix: str) -> Path:
         return self.dir / f"{c.name}.{suffix}"
 
-    def _lookup(self, kind: str, namespace: str, name: str) -> dict[str, str] | None:
-        try:
-            if kind == "Secret":
-                secret = self.ctx.core.read_namespaced_secret(name, namespace)
-                return {
-                    k: base64.b64decode(v).decode(errors="replace")
-                    for k, v in (secret.data or {}).items()
-                }
-            config_map = self.ctx.core.read_namespaced_config_map(name, namespace)
-            return dict(config_map.data or {})
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
-
     def _start(self, c: Container) -> bool:
         """Starts ``c``; False when it cannot be configured yet (it then waits with
         ``CreateContainerConfigError``, as the kubelet shows it)."""
         pod = self.pod()
         term = self._file(c, "termination-log")
         try:
-            env = container_env(pod, c.spec, self._lookup)
-            mounts = mounts_of(c.spec, self.volume_dirs, term)
+            env = container_env(pod, c.spec, self.api.lookup)
+            mounts = mounts_of(c.spec, self.volumes.dirs, term)
         except ConfigError as e:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             return False
@@ -498,49 +364,13 @@ class PodWorker:
         self._wake.clear()
 
     def _refresh_downward(self) -> None:
-        if not self.sandbox or self.done:
-            return
-        pod = self.pod()
-        for v in pod["spec"].get("volumes") or []:
-            if "downwardAPI" not in v:
-                continue
-            try:
-                files = downward_files(v, pod)
-            except ConfigError:
-                continue
-            if files != self.downward.get(v["name"]):
-                write_atomic(self.volume_dirs[v["name"]], files)
-                self.downward[v["name"]] = files
+        if self.sandbox and not self.done:
+            self.volumes.refresh_downward(self.pod())
 
     # -- status --------------------------------------------------------------------------------
 
-    def _ran_before(self, status: dict[str, Any]) -> bool:
-        """An earlier runner process started this pod's containers; they are gone now."""
-        seen = (status.get("initContainerStatuses") or []) + (status.get("containerStatuses") or [])
-        return any(
-            "running" in s.get("state", {}) or "terminated" in s.get("state", {}) for s in seen
-        )
-
     def _mark_lost(self, status: dict[str, Any]) -> None:
-        previous = {
-            s["name"]: s
-            for s in (status.get("initContainerStatuses") or [])
-            + (status.get("containerStatuses") or [])
-        }
-        for c in self.containers:
-            state = previous.get(c.name, {}).get("state", {})
-            if "terminated" in state:
-                c.state = {"terminated": state["terminated"]}
-            elif "running" in state:
-                c.state = {
-                    "terminated": {
-                        "exitCode": 137,
-                        "reason": "ContainerStatusUnknown",
-                        "message": LOST_MESSAGE,
-                        "startedAt": state["running"].get("startedAt"),
-                        "finishedAt": now(),
-                    }
-                }
+        mark_lost(self.containers, status)
         self.lost = True
         self.done = True
         self.start_time = status.get("startTime")
@@ -548,123 +378,28 @@ class PodWorker:
         self._write_status()
 
     def _phase(self) -> str:
-        if self.lost or self.shut_down:
-            return "Failed"
-        mains = [c for c in self.containers if c.kind == MAIN]
-        if self.done:
-            if all(c.exit_code == 0 for c in mains):
-                return "Succeeded"
-            return "Failed"
-        if any("waiting" not in c.state for c in mains):
-            return "Running"
-        return "Pending"
+        return phase(self.containers, self._progress())
 
-    def _condition(
-        self, kind: str, ok: bool, reason: str = "", message: str = ""
-    ) -> dict[str, Any]:
-        status = "True" if ok else "False"
-        previous = self.transitions.get(kind)
-        if previous is None or previous[0] != status:
-            self.transitions[kind] = (status, now())
-        # None clears what an earlier write set: conditions are merged by type.
-        return {
-            "type": kind,
-            "status": status,
-            "lastTransitionTime": self.transitions[kind][1],
-            "reason": reason or None,
-            "message": message or None,
-        }
-
-    def _conditions(self, phase: str) -> list[dict[str, Any]]:
-        incomplete = [
-            c.name
-            for c in self.containers
-            if (c.kind == INIT and c.exit_code != 0) or (c.kind == SIDECAR and not c.started_once)
-        ]
-        unready = [c.name for c in self.containers if c.kind != INIT and not c.running]
-        if phase in TERMINAL:
-            ready_args: tuple[str, str] = ("PodCompleted", "")
-        else:
-            ready_args = (
-                ("ContainersNotReady", _unready(unready, "unready")) if unready else ("", "")
-            )
-        conditions = [
-            self._condition("PodReadyToStartContainers", self.sandbox and not self.done),
-            self._condition(
-                "Initialized",
-                not incomplete,
-                *(
-                    ("ContainersNotInitialized", _unready(incomplete, "incomplete"))
-                    if incomplete
-                    else ()
-                ),
-            ),
-            self._condition("ContainersReady", not unready and phase == "Running", *ready_args),
-            self._condition("Ready", not unready and phase == "Running", *ready_args),
-        ]
-        known = {c.get("type") for c in (self.pod().get("status") or {}).get("conditions") or []}
-        if "PodScheduled" not in known:
-            conditions.append(self._condition("PodScheduled", True))
-        if self.shut_down:
-            conditions.append(
-                self._condition("DisruptionTarget", True, "TerminationByKubelet", SHUTDOWN_MESSAGE)
-            )
-        return conditions
-
-    def _container_status(self, c: Container) -> dict[str, Any]:
-        ready = c.exit_code == 0 if c.kind == INIT else c.running
-        status: dict[str, Any] = {
-            "name": c.name,
-            "image": c.spec.get("image", ""),
-            "imageID": "",
-            "ready": ready,
-            "restartCount": c.restarts,
-            "started": c.running,
-            "state": c.state,
-        }
-        if c.container_id:
-            status["containerID"] = c.container_id
-        if c.last_state:
-            status["lastState"] = c.last_state
-        return status
+    def _progress(self) -> Progress:
+        return Progress(
+            sandbox=self.sandbox,
+            done=self.done,
+            lost=self.lost,
+            shut_down=self.shut_down,
+            start_time=self.start_time,
+        )
 
     def _write_status(self) -> None:
-        if self.gone or self.last_status == {}:
-            return
-        phase = self._phase()
-        status: dict[str, Any] = {
-            "phase": phase,
-            "conditions": self._conditions(phase),
-            "initContainerStatuses": [
-                self._container_status(c) for c in self.containers if c.kind != MAIN
-            ],
-            "containerStatuses": [
-                self._container_status(c) for c in self.containers if c.kind == MAIN
-            ],
-            "hostIP": POD_IP,
-            "hostIPs": [{"ip": POD_IP}],
-        }
-        if self.sandbox:
-            status["podIP"] = POD_IP
-            status["podIPs"] = [{"ip": POD_IP}]
-        if self.start_time:
-            status["startTime"] = self.start_time
-        if self.shut_down:
-            status["reason"] = SHUTDOWN_REASON
-            status["message"] = SHUTDOWN_MESSAGE
+        if self.gone or self.last_status == {} or not self.ctx.link.up:
+            return  # with the link cut, written once it is back if the pod is still there
+        known = {c.get("type") for c in (self.pod().get("status") or {}).get("conditions") or []}
+        status = pod_status(self.containers, self._progress(), self.transitions, known)
         if status == self.last_status:
             return
         try:
-            self.ctx.core.patch_namespaced_pod_status(
-                self.name, self.namespace, {"status": status}, _content_type=STRATEGIC
-            )
-        except ApiException as e:
-            if e.status == 404:
-                self.gone = True
-                return
-            log.warning("pod %s/%s: status not written: %s", self.namespace, self.name, e.body)
+            written = self.api.write_status(status)
+        except PodGone:
+            self.gone = True
             return
-        except Exception as e:  # the API may be briefly away; the next tick retries
-            log.warning("pod %s/%s: status not written: %s", self.namespace, self.name, e)
-            return
-        self.last_status = copy.deepcopy(status)
+        if written:
+            self.last_status = copy.deepcopy(status)

@@ -1,5 +1,7 @@
 """The runner process: registers the node, watches the pods bound to it and gives each one a
-``PodWorker``; on SIGTERM it stops every pod as a graceful node shutdown does and exits."""
+``PodWorker``; on SIGTERM it stops every pod as a graceful node shutdown does and exits. While
+its link to the API server is cut (a simulated partition) it drops whatever the pod watch still
+delivers; once healed it lists its pods again, so pods deleted meanwhile are stopped then."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from tests.podrunner.link import HEAL_SIGNAL, PARTITION_SIGNAL, Link
 from tests.podrunner.node import NodeAgent
 from tests.podrunner.pod import Context, PodWorker
 
@@ -41,10 +44,15 @@ class Runner:
     ) -> None:
         self.api = api_client(kubeconfig)
         self.core = client.CoreV1Api(self.api)
-        self.node = NodeAgent(self.api, node, capacity, taint=taint)
+        self.link = Link()
+        self.node = NodeAgent(self.api, node, capacity, taint=taint, link=self.link)
         state_dir.mkdir(parents=True, exist_ok=True)
         self.ctx = Context(
-            core=self.core, node=node, state_dir=state_dir, shutdown_grace_s=shutdown_grace_s
+            core=self.core,
+            node=node,
+            state_dir=state_dir,
+            shutdown_grace_s=shutdown_grace_s,
+            link=self.link,
         )
         self.workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
@@ -89,6 +97,9 @@ class Runner:
     def _watch_pods(self) -> None:
         version: str | None = None
         while not self._stop.is_set():
+            if not self.link.wait_up(1.0):
+                version = None  # what happened meanwhile is learnt from a fresh list
+                continue
             try:
                 if version is None:
                     version = self._relist()
@@ -101,6 +112,8 @@ class Runner:
                 for event in stream:
                     if self._stop.is_set():
                         return
+                    if not self.link.up:
+                        break  # a partitioned node never hears of it
                     raw = event["raw_object"]
                     if event["type"] == "ERROR":
                         version = None  # 410 Gone and friends: list again
@@ -122,14 +135,24 @@ class Runner:
     def request_stop(self) -> None:
         self._stop.set()
 
+    def partition(self) -> None:
+        self.link.cut()
+
+    def heal(self) -> None:
+        self.link.heal()
+        self.node.reconnected()
+
     def install_signals(self) -> None:
         """SIGTERM/SIGINT stop; SIGUSR1 stops heartbeats (node lost), SIGUSR2 resumes them
-        (Ready), SIGHUP reports Ready=False while heartbeats go on."""
+        (Ready), SIGHUP reports Ready=False while heartbeats go on; PARTITION_SIGNAL cuts the
+        link to the API server, HEAL_SIGNAL restores it."""
         signal.signal(signal.SIGTERM, lambda *_: self.request_stop())
         signal.signal(signal.SIGINT, lambda *_: self.request_stop())
         signal.signal(signal.SIGUSR1, lambda *_: self.node.stop_heartbeats())
         signal.signal(signal.SIGUSR2, lambda *_: self.node.resume())
         signal.signal(signal.SIGHUP, lambda *_: self.node.report_not_ready())
+        signal.signal(PARTITION_SIGNAL, lambda *_: self.partition())
+        signal.signal(HEAL_SIGNAL, lambda *_: self.heal())
 
     def run(self) -> None:
         self.node.register()

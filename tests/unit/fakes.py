@@ -16,14 +16,17 @@ from typing import Any, cast
 from tests.unit.builders import T0
 from trainingrun.api import StorageSpec
 from trainingrun.checksum import CRC64NVME, digest
+from trainingrun.contract import rfc3339
+from trainingrun.kube import ApiError
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
     ManifestEntry,
     RunManifest,
     checkpoint_prefix,
+    parse_run_manifest,
 )
-from trainingrun.storage import Credentials, Location, Store
+from trainingrun.storage import Credentials, Location, PreconditionFailed, Store
 
 FILES = {"model.safetensors": b"weights" * 10, "trainer_state.json": b"{}"}
 
@@ -57,13 +60,19 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
 
 @dataclass
 class FakeKube:
+    """A DELETE removes a pod at once (its kubelet is quick), unless a finalizer holds it
+    (``hold``): then it gets a deletionTimestamp, as the API server sets it, and stays until
+    ``release``. ``refuse_deletes[name] = n`` makes the next n DELETEs of a pod fail (ApiError)."""
+
     runs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
     events: list[tuple[str, str, str]] = field(default_factory=list)  # (type, reason, message)
     creates: list[str] = field(default_factory=list)  # pod names, in order, 409s included
-    deletes: list[str] = field(default_factory=list)
+    deletes: list[tuple[str, int | None]] = field(default_factory=list)  # (pod, grace), refused too
+    refuse_deletes: dict[str, int] = field(default_factory=dict)
+    clock: Clock = field(default_factory=Clock)  # the deletionTimestamps' time
     _version: int = 0
 
     def _rv(self) -> str:
@@ -104,13 +113,47 @@ class FakeKube:
             return copy.deepcopy(self.pods[key]), False
         stored = copy.deepcopy(pod)
         stored["metadata"]["resourceVersion"] = self._rv()
+        stored["metadata"].setdefault("uid", f"uid-{meta['name']}-{self._version}")
         stored["status"] = {"phase": "Pending"}
         self.pods[key] = stored
         return copy.deepcopy(stored), True
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        self.deletes.append(name)
-        self.pods.pop((namespace, name), None)
+    def delete_pod_by_uid(
+        self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None
+    ) -> bool:
+        self.deletes.append((name, grace_seconds))
+        if self.refuse_deletes.get(name):
+            self.refuse_deletes[name] -= 1
+            raise ApiError("503 the server is currently unable to handle the request")
+        pod = self.pods.get((namespace, name))
+        if pod is None or (uid and pod["metadata"].get("uid") != uid):
+            return False  # 404, or 409 on the UID precondition
+        meta = pod["metadata"]
+        if not meta.get("finalizers"):
+            del self.pods[(namespace, name)]
+            return True
+        own = (pod.get("spec") or {}).get("terminationGracePeriodSeconds", 30)
+        grace = own if grace_seconds is None else grace_seconds
+        at = self.clock.now() + timedelta(seconds=grace)
+        if meta.get("deletionTimestamp") is None or rfc3339(at) < meta["deletionTimestamp"]:
+            # A shorter grace period than the one under way shortens it; a longer one does not.
+            meta["deletionTimestamp"] = rfc3339(at)
+            meta["deletionGracePeriodSeconds"] = grace
+            meta["resourceVersion"] = self._rv()
+        return True
+
+    def hold(self, namespace: str, name: str, *finalizers: str) -> None:
+        """Finalizers on the pod: a DELETE leaves it there, being deleted."""
+        pod = self.pods[(namespace, name)]
+        pod["metadata"]["finalizers"] = list(finalizers)
+        pod["metadata"]["resourceVersion"] = self._rv()
+
+    def release(self, namespace: str, name: str) -> None:
+        """Its finalizers removed: a pod being deleted goes."""
+        pod = self.pods[(namespace, name)]
+        pod["metadata"].pop("finalizers", None)
+        if pod["metadata"].get("deletionTimestamp"):
+            del self.pods[(namespace, name)]
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         pod = self.pods.get((namespace, name))
@@ -151,21 +194,71 @@ class FakeKube:
 
 
 class DictStore:
-    """The two reads of ``choose_checkpoint`` and ``checkpoint_rows`` (get, list) over a dict
-    of key -> bytes; ``gets`` records the keys read."""
+    """The ``Store`` calls of the commit protocol over a dict of key -> bytes, with S3's
+    conditional writes (If-None-Match, If-Match on an ETag that changes with every write):
+    get, list, put, head (size, CRC64NVME of the bytes), delete, multipart listing. ``gets``
+    records the keys read; ``deleted`` every key deleted."""
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
+        self.etags: dict[str, str] = {}
         self.gets: list[str] = []
+        self.deleted: list[str] = []
+        self.uploads: list[tuple[str, str]] = []  # unfinished multipart uploads
+        self._writes = 0
 
     def get(self, key: str) -> bytes | None:
         self.gets.append(key)
         return self.objects.get(key)
 
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        data = self.get(key)
+        # An object set straight into ``objects`` by a test has the ETag "0".
+        return None if data is None else (data, self.etags.get(key, '"0"'))
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        content_type: str = "application/json",
+    ) -> str:
+        del content_type
+        if if_none_match and key in self.objects:
+            raise PreconditionFailed(f"{key}: exists")
+        if if_match is not None and (
+            key not in self.objects or self.etags.get(key, '"0"') != if_match
+        ):
+            raise PreconditionFailed(f"{key}: changed")
+        self._writes += 1
+        self.objects[key] = bytes(data)
+        self.etags[key] = f'"{self._writes}"'
+        return self.etags[key]
+
+    def head(self, key: str, checksum_header: str | None = None) -> tuple[int, str | None] | None:
+        data = self.objects.get(key)
+        if data is None:
+            return None
+        return len(data), digest(CRC64NVME, data) if checksum_header else None
+
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         for key in sorted(self.objects):
             if key.startswith(prefix):
                 yield key, len(self.objects[key])
+
+    def delete(self, keys: list[str]) -> None:
+        for key in keys:
+            self.deleted.append(key)
+            self.objects.pop(key, None)
+            self.etags.pop(key, None)
+
+    def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
+        return [(k, u) for k, u in self.uploads if k.startswith(prefix)]
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        self.uploads.remove((key, upload_id))
 
 
 class FakeBucket(DictStore):
@@ -195,18 +288,25 @@ class FakeBucket(DictStore):
                 for path, data in files.items()
             ]
             for path, data in files.items():
-                self.objects[run.key(checkpoint_prefix(step), path)] = data
+                self.put(run.key(checkpoint_prefix(step), path), data)
             body = {"version": 1, "step": step, "files": entries, "created": "t"}
             key = run.key(checkpoint_prefix(step), CHECKPOINT_MANIFEST)
-            self.objects[key] = json.dumps(body).encode()
+            self.put(key, json.dumps(body).encode())
         raw = self.objects.get(run.key(RUN_MANIFEST))
-        old = [e["step"] for e in json.loads(raw)["entries"]] if raw else []
-        manifest = RunManifest(
-            entries=[
-                ManifestEntry(
-                    step=s, prefix=checkpoint_prefix(s), committed="t", files=len(files), bytes=1
-                )
-                for s in [*old, *(s for s in steps if s not in old)]
-            ]
+        before = parse_run_manifest(raw) if raw else RunManifest()
+        old = [e.step for e in before.entries]
+        manifest = before.model_copy(
+            update={
+                "entries": [
+                    ManifestEntry(
+                        step=s,
+                        prefix=checkpoint_prefix(s),
+                        committed="t",
+                        files=len(files),
+                        bytes=1,
+                    )
+                    for s in [*old, *(s for s in steps if s not in old)]
+                ]
+            }
         )
-        self.objects[run.key(RUN_MANIFEST)] = manifest.to_json()
+        self.put(run.key(RUN_MANIFEST), manifest.to_json())

@@ -1,30 +1,31 @@
-"""The bucket manifests: parsing, validation, the choice of candidates and listing checks.
+"""The bucket manifests: parsing, validation, the key layout, the choice of candidates and
+listing checks.
 
 Covers:
 
 - parse_run_manifest / parse_checkpoint_manifest refuse with ManifestError: malformed JSON,
   bytes that are not UTF-8, a non-object, a missing or non-integer version, a future version
-  (the message says to upgrade), duplicate steps, a prefix that does not match the step, a
-  negative step, a wrong step in a checkpoint manifest, a file listed twice, the manifest
-  listing itself, and unsafe file names ("../../x", "/etc/passwd", "a/../b", "a//b", "" ...);
-- well-formed manifests parse, extra keys are ignored, ``latest`` is the newest step whatever
-  the order, totals add up;
-- candidates(): newest first, skipping bad steps;
-- listing_problems(): missing files and wrong sizes are named, extra objects are not problems;
-- properties (hypothesis): RunManifest.to_json -> parse_run_manifest round-trips the entries;
-  candidates() is sorted descending and never holds a bad step; safe_relative_path() never
-  accepts a path whose normalised join with a base leaves the base, and accepts every path
-  made of ordinary segments;
+  (the message says to upgrade), duplicate steps, a prefix other than epoch_prefix(step,
+  epoch), an entry of an epoch past the fence, a version-1 entry of several ranks, a negative
+  step, a part of another step, epoch or rank (named by its key), a file listed twice, the
+  manifest listing itself, and unsafe file names ("../../x", "/etc/passwd", "a/../b", "" ...);
+- well-formed manifests parse: version 2 with fence, holder, epochs, attempts and ranks; a
+  version-1 manifest.json and MANIFEST.json as epoch 0, one rank, the legacy layout; extra keys
+  are ignored; ``latest`` is the newest step whatever the order; totals add up;
+- epoch_prefix / part_prefix / ManifestEntry.part_prefixes, version 1 and 2;
+- candidates(): newest first, skipping bad steps; listing_problems(): missing files and wrong
+  sizes are named, extra objects are not problems;
+- properties (hypothesis): RunManifest.to_json -> parse_run_manifest round-trips; candidates()
+  is sorted descending without bad steps; safe_relative_path() never accepts a path that leaves
+  its base, and accepts every path of ordinary segments;
 - with_committed() (hypothesis): keeps exactly the newest min(keep, n) distinct steps, kept and
-  dropped partition every step, the committed entry survives unless ``keep`` newer steps exist,
-  re-committing a step replaces its entry, and the result round-trips through JSON; keep < 1 is
-  refused; worth_uploading() agrees with it (a step worth uploading survives retention right
-  after its commit, one that is not would be dropped at once);
-- same_files(): creation time aside, any difference in path, size, algorithm, checksum or step
-  counts;
-- the parsers raise only ManifestError, never another exception, for arbitrary bytes, arbitrary
-  JSON, arbitrary JSON objects with a valid version, and crafted inputs (deep nesting, integers
-  past Python's digit limit, a UTF-8 BOM, UTF-16).
+  dropped partition every step, the new entry survives unless ``keep`` newer steps exist, a step
+  already committed is never replaced (nothing changes), the result round-trips; keep < 1 is
+  refused; worth_uploading() agrees with it;
+- same_files(): creation time aside, any difference in path, size, algorithm, checksum, step,
+  epoch, rank or ranks counts;
+- the parsers raise only ManifestError for arbitrary bytes, JSON, JSON objects with a valid
+  version, and crafted inputs (deep nesting, huge integers, a UTF-8 BOM, UTF-16).
 """
 
 from __future__ import annotations
@@ -47,9 +48,11 @@ from trainingrun.manifest import (
     RunManifest,
     candidates,
     checkpoint_prefix,
+    epoch_prefix,
     listing_problems,
     parse_checkpoint_manifest,
     parse_run_manifest,
+    part_prefix,
     safe_relative_path,
     same_files,
     with_committed,
@@ -59,10 +62,11 @@ from trainingrun.manifest import (
 BASE = "/checkpoints/checkpoint-7"
 
 
-def _entry(step: int, **overrides: Any) -> dict[str, Any]:
+def _entry(step: int, epoch: int = 0, **overrides: Any) -> dict[str, Any]:
     return {
         "step": step,
-        "prefix": checkpoint_prefix(step),
+        "prefix": epoch_prefix(step, epoch),
+        "epoch": epoch,
         "committed": "2025-01-01T12:00:00Z",
         "files": 2,
         "bytes": 1024,
@@ -132,6 +136,26 @@ def _entries(*steps: int) -> RunManifest:
             "has prefix",
             id="prefix-outside-the-run",
         ),
+        pytest.param(
+            _run_manifest(_entry(100, 3, prefix="checkpoints/checkpoint-100/"), fence=3),
+            "expected 'checkpoints/checkpoint-100/e3/'",
+            id="v2-entry-with-v1-prefix",
+        ),
+        pytest.param(
+            _run_manifest(_entry(100, prefix="checkpoints/checkpoint-100/e3/"), fence=3),
+            "expected 'checkpoints/checkpoint-100/'",
+            id="v1-entry-with-v2-prefix",
+        ),
+        pytest.param(
+            _run_manifest(_entry(100, 4), fence=3),
+            "epoch 4 and 1 ranks, which its fence 3 cannot have let in",
+            id="entry-past-the-fence",
+        ),
+        pytest.param(
+            _run_manifest(_entry(100, ranks=2)), "epoch 0 and 2 ranks", id="v1-entry-of-2-ranks"
+        ),
+        pytest.param(_run_manifest(fence=-1), "malformed", id="negative-fence"),
+        pytest.param(_run_manifest(_entry(1, 1, ranks=0), fence=1), "malformed", id="no-ranks"),
         pytest.param(_run_manifest(_entry(-1)), "malformed", id="negative-step"),
         pytest.param(_run_manifest(_entry(1, bytes=-5)), "malformed", id="negative-bytes"),
         pytest.param(
@@ -159,6 +183,11 @@ def test_future_version_asks_for_an_upgrade(version: int) -> None:
     [
         pytest.param(_checkpoint_manifest(8, _file("a.bin")), "says step 8", id="wrong-step"),
         pytest.param(
+            _checkpoint_manifest(7, epoch=2, rank=1),
+            r"checkpoint-7/MANIFEST\.json says step 7, epoch 2, rank 1; expected 7, 0, 0",
+            id="a-v2-part-where-v1-is-expected",
+        ),
+        pytest.param(
             _checkpoint_manifest(7, _file("a.bin"), _file("a.bin")),
             "lists a file twice",
             id="file-twice",
@@ -175,6 +204,23 @@ def test_future_version_asks_for_an_upgrade(version: int) -> None:
 def test_checkpoint_manifest_refused(data: bytes, message: str) -> None:
     with pytest.raises(ManifestError, match=message):
         parse_checkpoint_manifest(data, 7)
+
+
+@pytest.mark.parametrize(
+    ("epoch", "rank", "says"),
+    [
+        pytest.param(2, 1, "epoch 2, rank 1", id="other-epoch"),
+        pytest.param(3, 0, "epoch 3, rank 0", id="other-rank"),
+        pytest.param(0, 0, "epoch 0, rank 0", id="version-1-part"),
+    ],
+)
+def test_part_of_another_epoch_or_rank_is_refused(epoch: int, rank: int, says: str) -> None:
+    data = _checkpoint_manifest(7, _file("a.bin"), epoch=epoch, rank=rank, ranks=2)
+    where = "checkpoints/checkpoint-7/e3/r1/MANIFEST.json"
+
+    with pytest.raises(ManifestError, match=f"{where} says step 7, {says}; expected 7, 3, 1"):
+        parse_checkpoint_manifest(data, 7, epoch=3, rank=1)
+    assert parse_checkpoint_manifest(data, 7, epoch, rank).rank == rank
 
 
 UNSAFE_NAMES = [
@@ -213,6 +259,47 @@ def test_run_manifest_parses_and_ignores_extra_keys() -> None:
     assert [e.step for e in m.entries] == [300, 100, 200]
     assert m.latest is not None
     assert m.latest.step == 300
+
+
+def test_version_2_fields_parse() -> None:
+    data = _run_manifest(
+        _entry(100, 2, attempt=2, ranks=4), _entry(50), fence=3, fence_holder="uid-1/3"
+    )
+
+    m = parse_run_manifest(data)
+
+    assert (m.version, m.fence, m.fence_holder) == (MANIFEST_VERSION, 3, "uid-1/3")
+    e = m.entries[0]
+    assert (e.epoch, e.attempt, e.ranks, e.prefix) == (2, 2, 4, "checkpoints/checkpoint-100/e2/")
+    assert e.part_prefixes == [f"checkpoints/checkpoint-100/e2/r{r}/" for r in range(4)]
+    assert m.entries[1].part_prefixes == ["checkpoints/checkpoint-50/"]
+    assert parse_run_manifest(m.to_json()) == m
+    part = _checkpoint_manifest(100, _file("a"), epoch=2, attempt=2, rank=3, ranks=4)
+    p = parse_checkpoint_manifest(part, 100, epoch=2, rank=3)
+    assert (p.epoch, p.attempt, p.rank, p.ranks) == (2, 2, 3, 4)
+
+
+def test_version_1_manifests_still_parse() -> None:
+    entry = {"step": 10, "prefix": "checkpoints/checkpoint-10/", "committed": "t"}
+    data = json.dumps({"version": 1, "latest": 10, "entries": [{**entry, "files": 1, "bytes": 2}]})
+    part = {"version": 1, "step": 10, "files": [_file("model.bin")], "created": "t"}
+
+    m = parse_run_manifest(data.encode())
+    p = parse_checkpoint_manifest(json.dumps(part).encode(), 10)
+
+    assert (m.version, m.fence, m.fence_holder) == (1, 0, "")
+    assert [(e.epoch, e.attempt, e.ranks) for e in m.entries] == [(0, 0, 1)]
+    assert m.entries[0].part_prefixes == [checkpoint_prefix(10)]
+    assert (p.version, p.epoch, p.attempt, p.rank, p.ranks) == (1, 0, 0, 0, 1)
+
+
+def test_key_layout() -> None:
+    assert checkpoint_prefix(7) == epoch_prefix(7, 0) == part_prefix(7, 0, 0)
+    assert checkpoint_prefix(7) == "checkpoints/checkpoint-7/"
+    assert epoch_prefix(7, 3) == "checkpoints/checkpoint-7/e3/"
+    assert part_prefix(7, 3, 1) == "checkpoints/checkpoint-7/e3/r1/"
+    with pytest.raises(ValueError, match="one part, rank 0"):
+        part_prefix(7, 0, 1)
 
 
 def test_empty_run_manifest_has_no_latest() -> None:
@@ -272,16 +359,20 @@ def test_complete_listing_has_no_problems_even_with_extra_objects() -> None:
 steps = st.lists(st.integers(min_value=0, max_value=10**12), unique=True, max_size=20)
 entries = st.lists(
     st.builds(
-        lambda step, committed, files, size: ManifestEntry(
+        lambda step, epoch, ranks, committed, size: ManifestEntry(
             step=step,
-            prefix=checkpoint_prefix(step),
+            prefix=epoch_prefix(step, epoch),
             committed=committed,
-            files=files,
+            files=size % 1000,
             bytes=size,
+            epoch=epoch,
+            attempt=epoch,
+            ranks=ranks if epoch else 1,
         ),
         st.integers(min_value=0, max_value=10**12),
+        st.integers(min_value=0, max_value=9),
+        st.integers(min_value=1, max_value=8),
         st.text(max_size=30),
-        st.integers(min_value=0, max_value=10**6),
         st.integers(min_value=0, max_value=10**15),
     ),
     unique_by=lambda e: e.step,
@@ -289,13 +380,13 @@ entries = st.lists(
 )
 
 
-@given(entries)
-def test_run_manifest_round_trips(entries: list[ManifestEntry]) -> None:
-    m = RunManifest(entries=entries)
+@given(entries, st.integers(min_value=9, max_value=10**6), st.text(max_size=20))
+def test_run_manifest_round_trips(entries: list[ManifestEntry], fence: int, holder: str) -> None:
+    m = RunManifest(entries=entries, fence=fence, fence_holder=holder)
 
     parsed = parse_run_manifest(m.to_json())
 
-    assert parsed.entries == m.entries
+    assert parsed == m
     assert parsed.latest == m.latest
 
 
@@ -365,6 +456,10 @@ def test_with_committed_keeps_the_newest_steps(
 
     updated, dropped = with_committed(manifest, entry, keep)
 
+    if step in existing:  # committed once: nothing changes
+        assert (updated.entries, dropped) == (_entries(*existing).entries, [])
+        assert updated.version == MANIFEST_VERSION
+        return
     every = set(existing) | {step}
     kept = [e.step for e in updated.entries]
     assert kept == sorted(kept), "entries stay in step order"
@@ -374,17 +469,22 @@ def test_with_committed_keeps_the_newest_steps(
     assert not set(kept) & {e.step for e in dropped}
     newer = sum(1 for s in every if s > step)
     assert (entry in updated.entries) == (newer < keep)
-    assert all(e.committed != "now" for e in dropped if e.step != step)
     assert parse_run_manifest(updated.to_json()).entries == updated.entries
 
 
-def test_recommitting_a_step_replaces_its_entry() -> None:
+@pytest.mark.parametrize(
+    "again",
+    [
+        pytest.param(_one(20, committed="later"), id="same-epoch-later"),
+        pytest.param(ManifestEntry.model_validate(_entry(20, 3, ranks=2)), id="newer-epoch"),
+    ],
+)
+def test_a_committed_step_is_never_replaced(again: ManifestEntry) -> None:
     before = _entries(10, 20, 30)
 
-    updated, dropped = with_committed(before, _one(20, committed="later"), keep=3)
+    updated, dropped = with_committed(before, again, keep=3)
 
-    assert [e.step for e in updated.entries] == [10, 20, 30]
-    assert [e.committed for e in updated.entries if e.step == 20] == ["later"]
+    assert updated.entries == before.entries
     assert dropped == []
 
 
@@ -437,6 +537,10 @@ BASE_FILES = (("model.bin", 100, "CRC64NVME", "AAAAAAAAAAA="), ("opt.pt", 5, "CR
         pytest.param(_ckpt(7, *BASE_FILES, created="t1"), True, id="only-created-differs"),
         pytest.param(_ckpt(7, *reversed(BASE_FILES)), True, id="other-file-order"),
         pytest.param(_ckpt(8, *BASE_FILES), False, id="other-step"),
+        pytest.param(_ckpt(7, *BASE_FILES).model_copy(update={"epoch": 1}), False, id="epoch"),
+        pytest.param(_ckpt(7, *BASE_FILES).model_copy(update={"rank": 1}), False, id="rank"),
+        pytest.param(_ckpt(7, *BASE_FILES).model_copy(update={"ranks": 2}), False, id="ranks"),
+        pytest.param(_ckpt(7, *BASE_FILES).model_copy(update={"attempt": 2}), True, id="attempt"),
         pytest.param(_ckpt(7, BASE_FILES[0]), False, id="file-missing"),
         pytest.param(
             _ckpt(7, BASE_FILES[0], ("opt.pt", 6, "CRC64NVME", "AQ==")), False, id="other-size"
@@ -493,12 +597,21 @@ versioned_objects = st.fixed_dictionaries(
         "files": st.lists(entry_like, max_size=3) | json_values,
         "step": st.sampled_from([7, -7]) | json_values,
         "created": json_values,
+        "fence": st.sampled_from([0, 3, -1]) | json_values,
+        "epoch": st.sampled_from([0, 3, -1]) | json_values,
+        "rank": st.sampled_from([0, 1]) | json_values,
+        "ranks": st.sampled_from([0, 2]) | json_values,
     },
 )
 
 
 def _only_manifest_errors(data: bytes) -> None:
-    for parse in (parse_run_manifest, lambda d: parse_checkpoint_manifest(d, 7)):
+    parsers = (
+        parse_run_manifest,
+        lambda d: parse_checkpoint_manifest(d, 7),
+        lambda d: parse_checkpoint_manifest(d, 7, 3, 1),
+    )
+    for parse in parsers:
         with contextlib.suppress(ManifestError):
             parse(data)
 

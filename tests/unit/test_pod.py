@@ -54,7 +54,7 @@ def _pod(
     builder: RunBuilder | None = None, attempt: int = 1, step: int | None = None
 ) -> dict[str, Any]:
     ref = (builder or make_run("r1")).ref()
-    return build_pod(ref, attempt, resume_of(ref, step), SETTINGS)
+    return build_pod(ref, attempt, resume_of(ref, step), SETTINGS, epoch=attempt)
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -408,7 +408,7 @@ def test_template_is_not_mutated() -> None:
     ref = run.ref()
     before = ref.spec.model_dump()
 
-    pod = build_pod(ref, 2, resume_of(ref, 120), SETTINGS)
+    pod = build_pod(ref, 2, resume_of(ref, 120), SETTINGS, epoch=2)
     # Changing the pod afterwards must not reach the spec either (no shared nested objects).
     pod["spec"]["containers"][0]["command"].append("--later")
     pod["spec"]["initContainers"][0]["image"] = "later"

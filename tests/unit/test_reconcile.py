@@ -99,7 +99,9 @@ class Driver:
     def build(self, resume_step: int | None = None) -> dict[str, Any]:
         """The pod of ``status.attempt``, as the controller would create it."""
         ref = self.run.ref()
-        return build_pod(ref, self.status.attempt, resume_of(ref, resume_step), AgentSettings())
+        return build_pod(
+            ref, self.status.attempt, resume_of(ref, resume_step), AgentSettings(), epoch=1
+        )
 
     def start(self, resume_step: int | None = None) -> dict[str, Any]:
         pod = self.build(resume_step)

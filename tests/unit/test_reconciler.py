@@ -11,21 +11,39 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
 - a pod holding the attempt's name that is not the run's: never adopted, PodNameTaken said at
   once and again only after a minute;
 - a missing credentials Secret fails the run with MissingSecret in status, condition and Event;
-- two Reconcilers in one process, each with its own metrics registry, and no thread started.
+- two Reconcilers in one process, each with its own metrics registry, and no thread started;
+- pods of older attempts go away for sure: a DELETE refused once is sent again at the next
+  pass; DELETEs refused every time never stop the next attempt's pod, and the pod is reported
+  once it has been refused for its grace period plus the margin; a pod a finalizer holds is
+  deleted with grace 0, reported once (OldPodLingers, the gauge at 1) and again only after ten
+  minutes, and counted no more once it is gone; a graceful DELETE turns into grace 0 once the
+  pod outlived its grace period; a pod with the run's labels that is another owner's is never
+  deleted; a run that failed keeps deleting its last pod after a refused DELETE;
+- the next attempt (and its fence) waits while the old pod's sidecar uploads the trainer's last
+  save, up to the pod's grace period.
 """
 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.builders import NAMESPACE, make_pod, make_run
+from tests.unit.builders import NAMESPACE, PodBuilder, make_node, make_pod, make_run
 from tests.unit.fakes import Clock, FakeBucket, FakeKube
-from trainingrun.contract import ANNOTATION_RESUME_STEP, RESTORE_CONTAINER
+from trainingrun.contract import (
+    ANNOTATION_NOTICE,
+    ANNOTATION_RESUME_STEP,
+    EXIT_STOPPED,
+    LABEL_ATTEMPT,
+    LABEL_RUN,
+    RESTORE_CONTAINER,
+    rfc3339,
+)
 from trainingrun.decide import reasons as R
+from trainingrun.decide.oldpods import Timing
 from trainingrun.decide.pod import run_prefix
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.reconciler import Reconciler
@@ -69,15 +87,19 @@ class World:
 
     def restart(self) -> None:
         self.events = Events()
+        self.kube.clock = self.clock
+        self.registry = CollectorRegistry()
+        metrics = OperatorMetrics(self.registry)
         self.reconciler = Reconciler(
             self.kube,
             RunStores(self.kube, 30.0, self.bucket.open, monotonic=self.clock.monotonic),
             self.events,
-            OperatorMetrics(CollectorRegistry()),
+            metrics,
             OperatorSettings(),
             now=self.clock.now,
             monotonic=self.clock.monotonic,
         )
+        metrics.count_lingering_with(self.reconciler.old_pods.lingering)
 
     def reconcile(self) -> float | None:
         return self.reconciler.reconcile(NAMESPACE, RUN)
@@ -94,6 +116,17 @@ class World:
         self.kube.set_pod(pod)
         key = (NAMESPACE, pod["metadata"]["name"])
         self.reconciler.view.pods.put(key, self.kube.pods[key])
+
+    def watch(self) -> None:
+        """The pod watch catches up: every pod as the API server has it, the deleted ones gone."""
+        pods = self.reconciler.view.pods
+        for key in set(pods.keys()) - set(self.kube.pods):
+            pods.gone(key, None)
+        for key, pod in self.kube.pods.items():
+            pods.put(key, pod)
+
+    def metric(self, name: str, **labels: str) -> float | None:
+        return self.registry.get_sample_value(name, labels)
 
 
 def condition(status: dict[str, Any], ctype: str) -> dict[str, Any]:
@@ -241,3 +274,220 @@ def test_two_reconcilers_in_one_process_start_no_thread() -> None:
 
     assert threading.active_count() == threads
     assert first.kube.creates == second.kube.creates == ["r1-1"]
+
+
+# -- pods of older attempts -------------------------------------------------------------------
+
+TIMING = Timing()
+NOT_READY = make_node("n1").not_ready().build()
+
+
+def preempted_on_a_lost_node(w: World) -> None:
+    """Attempt 1 runs on n1; n1 goes NotReady: the next pass ends attempt 1 (asks r1-1 to go,
+    grace 0) and creates r1-2."""
+    w.reconcile()
+    w.report(make_pod("r1-1").running())
+    w.kube.nodes["n1"] = NOT_READY
+
+
+def lingers(w: World) -> list[str]:
+    return [m for _, r, m in w.events.posted if r == R.OLD_POD_LINGERS]
+
+
+def test_a_delete_refused_once_is_sent_again_at_the_next_pass() -> None:
+    w = World()
+    preempted_on_a_lost_node(w)
+    w.kube.refuse_deletes["r1-1"] = 1
+
+    again = w.reconcile()
+
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert (NAMESPACE, "r1-1") in w.kube.pods
+    assert again == TIMING.retry_seconds
+    assert w.metric("trainingrun_old_pod_deletes_total", result="failed") == 1
+
+    w.clock.advance(again)
+    w.reconcile()
+
+    assert (NAMESPACE, "r1-1") not in w.kube.pods
+    assert w.kube.deletes == [("r1-1", 0), ("r1-1", 0)]
+    assert w.metric("trainingrun_old_pod_deletes_total", result="accepted") == 1
+    w.watch()
+    assert w.reconcile() is None
+    assert w.kube.deletes == [("r1-1", 0), ("r1-1", 0)]
+    assert lingers(w) == []
+
+
+def test_deletes_refused_every_time_never_stop_the_next_attempt() -> None:
+    w = World()
+    preempted_on_a_lost_node(w)
+    w.kube.refuse_deletes["r1-1"] = 1000
+
+    w.reconcile()
+
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert (w.status()["attempt"], w.status()["activePod"]) == (2, "r1-2")
+    assert w.events.reasons() == [R.STARTED, R.PREEMPTED, R.STARTED]
+
+    grace = w.pod("r1-1")["spec"]["terminationGracePeriodSeconds"]
+    retries = int((grace + TIMING.margin_seconds) / TIMING.retry_seconds)
+    for _ in range(retries):  # retried at every pass, past the pod's grace and the margin
+        w.clock.advance(TIMING.retry_seconds)
+        w.reconcile()
+
+    assert len(w.kube.deletes) == 1 + retries
+    assert w.metric("trainingrun_old_pod_deletes_total", result="failed") == 1 + retries
+    assert len(lingers(w)) == 1
+    assert "refused its DELETE (503" in lingers(w)[0]
+    assert w.metric("trainingrun_old_pods_lingering") == 1
+    assert w.kube.creates == ["r1-1", "r1-2"]
+
+
+def test_a_pod_a_finalizer_holds_is_reported_once_and_counted_until_gone() -> None:
+    w = World()
+    preempted_on_a_lost_node(w)
+    w.kube.hold(NAMESPACE, "r1-1", "example.com/keep")
+
+    w.reconcile()
+    w.watch()
+
+    assert w.kube.deletes == [("r1-1", 0)]
+    assert w.pod("r1-1")["metadata"]["deletionTimestamp"] == rfc3339(w.clock.now())
+    assert lingers(w) == [] and w.metric("trainingrun_old_pods_lingering") == 0
+
+    w.clock.advance(TIMING.margin_seconds)
+    assert w.reconcile() == TIMING.retry_seconds
+
+    [message] = lingers(w)
+    assert message.startswith("pod r1-1 of attempt 1 is still there 30s after it was asked")
+    assert "finalizers example.com/keep" in message
+    assert w.events.posted[-1][0] == "Warning"
+    assert w.metric("trainingrun_old_pods_lingering") == 1
+
+    for _ in range(12):  # a minute: the DELETE is sent again, the Event is not
+        w.clock.advance(TIMING.retry_seconds)
+        w.reconcile()
+    assert len(lingers(w)) == 1
+    assert len(w.kube.deletes) == 3  # the first, the one with the report, one a minute later
+
+    w.clock.advance(TIMING.report_seconds)
+    w.reconcile()
+    assert len(lingers(w)) == 2
+    assert "still there 11m after" in lingers(w)[1]
+
+    w.kube.release(NAMESPACE, "r1-1")
+    w.watch()
+    assert w.reconcile() is None
+    assert w.metric("trainingrun_old_pods_lingering") == 0
+    assert len(lingers(w)) == 2
+
+
+def test_a_graceful_delete_turns_into_grace_0_once_the_pod_outlived_its_grace() -> None:
+    """After an operator restart, the status says attempt 2 and r1-1 still runs on a Ready
+    node: it is asked to go with its own grace period, then with grace 0."""
+    w = World()
+    w.reconcile()
+    w.report(make_pod("r1-1").running())
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.kube.hold(NAMESPACE, "r1-1", "example.com/keep")
+    w.kube.patch_run_status(NAMESPACE, RUN, {"attempt": 2, "activePod": None, "preemptions": 1})
+
+    w.restart()
+    w.watch()  # the watch lists every pod at start
+    w.reconcile()
+    w.watch()
+
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert w.kube.deletes == [("r1-1", None)]
+    grace = w.pod("r1-1")["spec"]["terminationGracePeriodSeconds"]
+    assert w.pod("r1-1")["metadata"]["deletionGracePeriodSeconds"] == grace
+
+    w.clock.advance(grace + TIMING.margin_seconds - 1)
+    w.reconcile()
+    assert w.kube.deletes == [("r1-1", None)]
+
+    w.clock.advance(1)
+    w.reconcile()
+    assert w.kube.deletes == [("r1-1", None), ("r1-1", 0)]
+    assert lingers(w) == []
+
+
+def test_a_pod_with_the_runs_labels_that_is_another_owners_is_never_deleted() -> None:
+    w = World()
+    preempted_on_a_lost_node(w)
+    w.reconcile()
+    stranger = make_pod("r1-1-copy").running().owned_by("other", "uid-other").build()
+    stranger["metadata"]["labels"] = {LABEL_RUN: RUN, LABEL_ATTEMPT: "1"}
+    w.kube.create_pod(stranger)
+    w.watch()
+
+    for _ in range(3):
+        w.clock.advance(TIMING.retry_seconds)
+        w.reconcile()
+
+    assert [name for name, _ in w.kube.deletes] == ["r1-1"]
+    assert (NAMESPACE, "r1-1-copy") in w.kube.pods
+
+
+def test_a_run_that_failed_keeps_deleting_its_last_pod_after_a_refused_delete() -> None:
+    w = World(max_preemptions=0)
+    preempted_on_a_lost_node(w)
+    w.kube.refuse_deletes["r1-1"] = 1
+
+    again = w.reconcile()
+
+    assert w.status()["phase"] == "Failed"
+    assert (NAMESPACE, "r1-1") in w.kube.pods
+    assert again == TIMING.retry_seconds
+
+    w.clock.advance(cast(float, again))
+    w.reconcile()
+    assert (NAMESPACE, "r1-1") not in w.kube.pods
+    assert w.kube.creates == ["r1-1"]
+
+
+def _trainer_saved_on_notice_and_exited(w: World, finished: str) -> PodBuilder:
+    """r1-1 after a preemption notice: the trainer saved and exited, its sidecar still uploads
+    that save (the pod Running on a Ready node)."""
+    w.kube.annotate_pod(NAMESPACE, "r1-1", {ANNOTATION_NOTICE: "rebalance recommendation"})
+    pod = PodBuilder.of(w.pod("r1-1")).running().trainer_exited(EXIT_STOPPED, phase="Running")
+    built = pod.build()
+    built["status"]["containerStatuses"][0]["state"]["terminated"]["finishedAt"] = finished
+    return PodBuilder.of(built)
+
+
+def test_the_next_attempt_waits_for_the_old_sidecars_last_commit() -> None:
+    """The fence is taken only once the old pod's sidecar is done with the trainer's last
+    save: a fenced sidecar could not commit it, and the save would be lost."""
+    w = World()
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(_trainer_saved_on_notice_and_exited(w, rfc3339(w.clock.now())))
+
+    again = w.reconcile()
+
+    assert (w.status()["attempt"], w.status()["preemptions"]) == (2, 1)
+    assert w.kube.creates == ["r1-1"], "no pod, and no fence, while the old sidecar uploads"
+    assert again is not None and 0 < again <= Timing().retry_seconds
+    w.bucket.commit(w.location, 40)  # the sidecar commits the notice's save, then stops
+    w.report(PodBuilder.of(w.pod("r1-1")).phase("Failed"))
+
+    assert w.reconcile() is None
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert w.status()["resumeStep"] == 40
+
+
+def test_a_sidecar_that_never_stops_holds_the_next_attempt_for_its_grace_period_only() -> None:
+    w = World()
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(_trainer_saved_on_notice_and_exited(w, rfc3339(w.clock.now())))
+    w.reconcile()
+    grace = w.builder.spec().preemption.termination_grace_period_seconds
+
+    w.clock.advance(grace - 1)
+    w.reconcile()
+    assert w.kube.creates == ["r1-1"]
+    w.clock.advance(2)
+    w.reconcile()
+    assert w.kube.creates == ["r1-1", "r1-2"]

@@ -2,13 +2,18 @@
 
 Covers:
 
-- choose_checkpoint() against an in-memory store: the newest committed step with every object
-  at its recorded size is chosen; a missing object, a wrong size, a missing MANIFEST.json, a
-  malformed or deeply nested MANIFEST.json or one naming another step each make it fall back to
-  the previous step, with a reason that names the file; bad steps are skipped (and are not
-  reasons); no manifest or nothing intact gives no choice; a manifest passed in is used without
-  reading the bucket; hypothesis over which checkpoints are broken or bad: the choice is always
-  the newest intact step not marked bad, and every newer non-bad step is reported as rejected;
+- choose_checkpoint() (trainingrun.committed) against an in-memory store: the newest committed
+  step with every object at its recorded size is chosen, as a Committed of its parts; a
+  missing object, a wrong size, a missing MANIFEST.json, a malformed or deeply nested
+  MANIFEST.json or one naming another step each make it fall back to the previous step, with a
+  reason that names the file; bad steps are skipped (and are not reasons); no manifest or
+  nothing intact gives no choice; a manifest passed in is used without reading the bucket;
+  hypothesis over which checkpoints are broken or bad: the choice is always the newest intact
+  step not marked bad, and every newer non-bad step is reported as rejected;
+- version 2 (epochs and ranks): the parts of every rank are merged (a file all ranks wrote
+  alike, once), a version-1 step beside them still counts, and only the entry's own epoch is
+  read; a missing part, a part of another epoch, a missing object of one rank or two ranks
+  with different bytes for one file each make it fall back, naming the part's key;
 - Store._translate(): 404/NoSuchKey (KeyNotFound) and NoSuchBucket (BucketNotFound), 412, 403
   and credential codes, checksum codes, other 4xx, 408/429/5xx, missing credentials, connection
   errors, and an unrelated exception that is re-raised as is;
@@ -31,13 +36,20 @@ from hypothesis import strategies as st
 
 from tests.unit.fakes import FakeBucket
 from trainingrun.api import StorageSpec
+from trainingrun.checksum import CRC64NVME, digest
+from trainingrun.committed import choose_checkpoint
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
     RUN_MANIFEST,
+    CheckpointManifest,
+    FileEntry,
     ManifestEntry,
     RunManifest,
     checkpoint_prefix,
+    epoch_prefix,
+    parse_run_manifest,
+    part_prefix,
 )
 from trainingrun.storage import (
     BucketNotFound,
@@ -51,7 +63,6 @@ from trainingrun.storage import (
     StorageRejected,
     StorageUnavailable,
     Store,
-    choose_checkpoint,
     open_store,
     parse_uri,
 )
@@ -101,7 +112,7 @@ class Bucket:
 FAULTS = {
     "missing-object": "optimizer.pt is missing",
     "wrong-size": "model.safetensors has 71 bytes, manifest says 70",
-    "no-manifest": "MANIFEST.json is missing",
+    "no-manifest": "checkpoints/checkpoint-{step}/MANIFEST.json is missing",
     "malformed-manifest": "checkpoint-{step}/MANIFEST.json is not valid JSON",
     "nested-manifest": "checkpoint-{step}/MANIFEST.json is not valid JSON",
     "manifest-of-other-step": "checkpoint-{step}/MANIFEST.json says step {next}",
@@ -116,7 +127,12 @@ def test_newest_intact_committed_step_is_chosen() -> None:
     assert choice.entry is not None
     assert choice.entry.step == 300
     assert choice.checkpoint is not None
-    assert sorted(f.path for f in choice.checkpoint.files) == sorted(FILES)
+    assert choice.checkpoint.entry == choice.entry
+    assert sorted(choice.checkpoint.files) == sorted(
+        (f"{checkpoint_prefix(300)}{f.path}", f) for f in choice.checkpoint.parts[0][1].files
+    )
+    assert sorted(f.path for _, f in choice.checkpoint.files) == sorted(FILES)
+    assert choice.checkpoint.total_bytes == sum(len(d) for d in FILES.values())
     assert choice.rejected == []
 
 
@@ -204,13 +220,97 @@ def test_choice_is_the_newest_intact_step_not_marked_bad(
     intact = [s for s, (fault, is_bad) in plan.items() if fault is None and not is_bad]
     expected = max(intact, default=None)
     assert (choice.entry.step if choice.entry else None) == expected
-    if choice.checkpoint is not None:
-        assert choice.checkpoint.step == expected
+    assert (choice.checkpoint.entry if choice.checkpoint else None) == choice.entry
     newer = sorted(
         (s for s in plan if s not in bad and (expected is None or s > expected)), reverse=True
     )
     assert [s for s, _ in choice.rejected] == newer
     assert all(why for _, why in choice.rejected)
+
+
+# -- version 2: epochs and ranks -----------------------------------------------------------
+
+
+def _crc(data: bytes) -> str:
+    return digest(CRC64NVME, data)
+
+
+def _v2(bucket: Bucket, step: int, epoch: int, ranks: int = 2, shared: bytes = b"{}") -> Bucket:
+    """Commits ``step`` as ``ranks`` parts of ``epoch``: a file of each rank's own and
+    ``trainer_state.json``, which every rank writes (``shared`` for the last rank)."""
+    for rank in range(ranks):
+        files = {f"model-{rank}.bin": b"w" * (10 + rank)}
+        files["trainer_state.json"] = shared if rank == ranks - 1 else b"{}"
+        for name, data in files.items():
+            bucket.fake.put(RUN.key(part_prefix(step, epoch, rank), name), data)
+        entries = [
+            FileEntry(path=n, size=len(d), checksum_algorithm="CRC64NVME", checksum=_crc(d))
+            for n, d in files.items()
+        ]
+        who = {"epoch": epoch, "rank": rank, "ranks": ranks}
+        part = CheckpointManifest(
+            version=MANIFEST_VERSION, step=step, files=entries, created="t", **who
+        )
+        key = RUN.key(part_prefix(step, epoch, rank), CHECKPOINT_MANIFEST)
+        bucket.fake.put(key, part.model_dump_json().encode())
+    before = parse_run_manifest(bucket.fake.objects[RUN.key(RUN_MANIFEST)])
+    entry = {"step": step, "prefix": epoch_prefix(step, epoch), "committed": "t", "files": 1}
+    entry |= {"bytes": 1, "epoch": epoch, "ranks": ranks}
+    entries_after = [*before.entries, ManifestEntry.model_validate(entry)]
+    after = before.model_copy(update={"entries": entries_after, "fence": epoch})
+    bucket.fake.put(RUN.key(RUN_MANIFEST), after.to_json())
+    return bucket
+
+
+def test_parts_of_every_rank_are_merged() -> None:
+    bucket = _v2(Bucket().commit(100), 200, epoch=3, ranks=3)
+    bucket.fake.put(RUN.key(part_prefix(200, 2, 0), "model-0.bin"), b"an older epoch's")
+
+    choice = choose_checkpoint(bucket.store, RUN, set())
+
+    assert choice.entry is not None
+    assert choice.checkpoint is not None
+    assert (choice.entry.step, choice.rejected) == (200, [])
+    assert [key for key, _ in choice.checkpoint.files] == [
+        "checkpoints/checkpoint-200/e3/r0/model-0.bin",
+        "checkpoints/checkpoint-200/e3/r0/trainer_state.json",
+        "checkpoints/checkpoint-200/e3/r1/model-1.bin",
+        "checkpoints/checkpoint-200/e3/r2/model-2.bin",
+    ]
+    assert choice.checkpoint.total_bytes == 10 + 2 + 11 + 12
+    parts = [RUN.key(part_prefix(200, 3, r), CHECKPOINT_MANIFEST) for r in range(3)]
+    assert bucket.fake.gets == [RUN.key(RUN_MANIFEST), *parts]  # not epoch 2's, nor step 100
+
+
+V2_FAULTS = {
+    "part-missing": "checkpoints/checkpoint-200/e3/r1/MANIFEST.json is missing",
+    "part-of-another-epoch": "checkpoints/checkpoint-200/e3/r1/MANIFEST.json says step 200, "
+    "epoch 2, rank 1; expected 200, 3, 1",
+    "object-missing": "model-1.bin is missing",
+    "ranks-disagree": "checkpoint-200: ranks 0 and 1 both wrote trainer_state.json with "
+    "different contents",
+}
+
+
+@pytest.mark.parametrize(("how", "reason"), list(V2_FAULTS.items()), ids=list(V2_FAULTS))
+def test_a_broken_part_falls_back(how: str, reason: str) -> None:
+    bucket = _v2(
+        Bucket().commit(100), 200, epoch=3, shared=b'{"a": 1}' if "disagree" in how else b"{}"
+    )
+    part = RUN.key(part_prefix(200, 3, 1), CHECKPOINT_MANIFEST)
+    if how == "part-missing":
+        del bucket.fake.objects[part]
+    elif how == "part-of-another-epoch":
+        bucket.fake.objects[part] = bucket.fake.objects[part].replace(b'"epoch":3', b'"epoch":2')
+    elif how == "object-missing":
+        del bucket.fake.objects[RUN.key(part_prefix(200, 3, 1), "model-1.bin")]
+
+    choice = choose_checkpoint(bucket.store, RUN, set())
+
+    assert choice.entry is not None
+    assert choice.entry.step == 100
+    assert [s for s, _ in choice.rejected] == [200]
+    assert reason in choice.rejected[0][1]
 
 
 # -- error translation ------------------------------------------------------------------

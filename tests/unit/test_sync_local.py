@@ -17,7 +17,7 @@ Covers:
   control folder created, atomic replace (no temporary left), garbage tolerated;
 - local.prepare_control_dir and local.share: the control folder and a restored tree are
   writable by every container of the pod (whatever the umask or an earlier mode);
-- Sync.check_notice: a notice becomes one save request; one that cannot be written is counted
+- NoticeRelay.check: a notice becomes one save request; one that cannot be written is counted
   and logged with the fix, and does not stop the sidecar;
 - local.is_control and the folder watcher: control-file writes (progress at every step) do not
   wake the sync loop, a checkpoint file does (real inotify on a temporary folder);
@@ -45,8 +45,9 @@ from trainingrun import local, transfer
 from trainingrun.contract import ANNOTATION_NOTICE
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
 from trainingrun.storage import Location, Store
-from trainingrun.sync import Sync, SyncSettings, read_annotation
-from trainingrun.sync import _watch as sync_watch
+from trainingrun.sync import Sync, SyncSettings
+from trainingrun.syncsupport import read_annotation
+from trainingrun.syncsupport import watch as sync_watch
 from trainingrun.transfer import MiB, Progress, Throttle, format_bytes
 
 
@@ -365,10 +366,10 @@ def _sync_with_notice(tmp_path: Path) -> Sync:
 def test_notice_asks_the_trainer_to_save_once(tmp_path: Path) -> None:
     sync = _sync_with_notice(tmp_path)
 
-    sync.check_notice()
+    sync.notice.check()
 
     assert local.save_requested(tmp_path / "ckpt") == "preemption notice: spot-itn"
-    assert sync.notice_sent
+    assert sync.notice.sent
 
 
 def test_notice_that_cannot_be_written_does_not_stop_the_sidecar(
@@ -377,10 +378,10 @@ def test_notice_that_cannot_be_written_does_not_stop_the_sidecar(
     sync = _sync_with_notice(tmp_path)
     _write(tmp_path / "ckpt" / local.CONTROL_DIR, b"not a folder")  # any OSError will do
 
-    sync.check_notice()
-    sync.check_notice()
+    sync.notice.check()
+    sync.notice.check()
 
-    assert sync.notice_sent
+    assert sync.notice.sent
     failed = sync.metrics.registry.get_sample_value(
         "trainingrun_sync_failures_total", {"reason": "SaveRequestFailed"}
     )

@@ -7,9 +7,10 @@ Covers:
   and the run's place in the bucket equal to the TRAININGRUN_STORAGE_URI the operator gives the
   run's sidecar (a URI with a prefix, with a trailing slash, with none); a missing Secret is a
   CredentialsSecretError naming it;
-- checkpoint_rows(): newest first; "yes" for an intact checkpoint, "no: <why>" from the
-  operator's own check for a missing object or MANIFEST.json, and "no: marked bad" for a bad step
-  without reading it.
+- checkpoint_rows(): newest first; "yes" for an intact checkpoint (version 1, or version 2 with
+  the parts of all its ranks), "no: <why>" from the operator's own check for a missing object
+  or a missing MANIFEST.json (named by its key: the version-1 folder's, or one rank's part),
+  and "no: marked bad" for a bad step without reading it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,9 @@ from trainingrun.manifest import (
     ManifestEntry,
     RunManifest,
     checkpoint_prefix,
+    epoch_prefix,
+    parse_run_manifest,
+    part_prefix,
 )
 from trainingrun.storage import (
     Credentials,
@@ -113,46 +117,66 @@ FILES = {"model.safetensors": b"w" * 3000, "optimizer.pt": b"adam"}
 
 
 class FakeStore(DictStore):
-    """checkpoint_rows' two reads, filled with committed checkpoints by ``commit``."""
+    """checkpoint_rows' two reads, filled with committed checkpoints by ``commit``: version 1
+    (epoch 0), or ``ranks`` parts of ``epoch`` that each hold FILES."""
 
-    def commit(self, *steps: int) -> FakeStore:
+    def commit(self, *steps: int, epoch: int = 0, ranks: int = 1) -> FakeStore:
+        files = [
+            FileEntry(path=p, size=len(d), checksum_algorithm="CRC64NVME", checksum="x")
+            for p, d in FILES.items()
+        ]
         for step in steps:
-            files = [
-                FileEntry(path=p, size=len(d), checksum_algorithm="CRC64NVME", checksum="x")
-                for p, d in FILES.items()
-            ]
-            for path, data in FILES.items():
-                self.objects[RUN.key(checkpoint_prefix(step), path)] = data
-            ckpt = CheckpointManifest(version=MANIFEST_VERSION, step=step, files=files, created="t")
-            self.objects[RUN.key(checkpoint_prefix(step), CHECKPOINT_MANIFEST)] = (
-                ckpt.model_dump_json().encode()
-            )
-        manifest = RunManifest(
-            entries=[
-                ManifestEntry(
-                    step=s, prefix=checkpoint_prefix(s), committed=f"t{s}", files=2, bytes=3004
+            for rank in range(ranks):
+                folder = part_prefix(step, epoch, rank)
+                for path, data in FILES.items():
+                    self.objects[RUN.key(folder, path)] = data
+                ckpt = CheckpointManifest(
+                    version=MANIFEST_VERSION,
+                    step=step,
+                    files=files,
+                    created="t",
+                    epoch=epoch,
+                    rank=rank,
+                    ranks=ranks,
                 )
-                for s in steps
-            ]
-        )
+                self.objects[RUN.key(folder, CHECKPOINT_MANIFEST)] = ckpt.model_dump_json().encode()
+        raw = self.objects.get(RUN.key(RUN_MANIFEST))
+        before = parse_run_manifest(raw).entries if raw else []
+        entries = [
+            ManifestEntry(
+                step=s,
+                prefix=epoch_prefix(s, epoch),
+                committed=f"t{s}",
+                files=2 * ranks,
+                bytes=3004 * ranks,
+                epoch=epoch,
+                ranks=ranks,
+            )
+            for s in steps
+        ]
+        manifest = RunManifest(entries=[*before, *entries], fence=epoch)
         self.objects[RUN.key(RUN_MANIFEST)] = manifest.to_json()
         return self
 
 
 def test_checkpoint_rows_verify_as_the_operator_does() -> None:
-    fake = FakeStore().commit(10, 20, 30, 40)
+    fake = FakeStore().commit(10, 20, 30, 40).commit(50, 60, epoch=2, ranks=2)
     del fake.objects[RUN.key(checkpoint_prefix(30), "optimizer.pt")]
     del fake.objects[RUN.key(checkpoint_prefix(20), CHECKPOINT_MANIFEST)]
+    del fake.objects[RUN.key(part_prefix(60, 2, 1), CHECKPOINT_MANIFEST)]
 
     rows = usercli.checkpoint_rows(cast(Store, fake), RUN, bad={40})
 
     assert [(r[0], r[4]) for r in rows] == [
+        (60, "no: checkpoints/checkpoint-60/e2/r1/MANIFEST.json is missing"),
+        (50, "yes"),
         (40, "no: marked bad by a restore"),
         (30, "no: optimizer.pt is missing"),
-        (20, f"no: {CHECKPOINT_MANIFEST} is missing"),
+        (20, "no: checkpoints/checkpoint-20/MANIFEST.json is missing"),
         (10, "yes"),
     ]
     assert rows[-1][1:4] == ("2.9 KiB", "t10", "2")
+    assert rows[1][1:4] == ("5.9 KiB", "t50", "4")
     assert not any("checkpoint-40/" in key for key in fake.gets)
 
 

@@ -138,9 +138,10 @@ def _agent(
 
 
 def build_pod(
-    run: RunRef, attempt: int, resume: Resume | None, settings: AgentSettings
+    run: RunRef, attempt: int, resume: Resume | None, settings: AgentSettings, epoch: int
 ) -> dict[str, Any]:
-    """The pod of ``attempt`` (1-based) of ``run``, resuming from ``resume`` when given."""
+    """The pod of ``attempt`` (1-based) of ``run``, resuming from ``resume`` when given; its
+    sidecar commits as ``epoch``, the fence the attempt holds."""
     spec = run.spec
     template = copy.deepcopy(spec.template)
     meta = template.get("metadata") or {}
@@ -164,6 +165,7 @@ def build_pod(
         _env(c.ENV_CHECKPOINT_DIR, local),
         _env(c.ENV_KEEP, str(spec.checkpoint.keep)),
         _env(c.ENV_ATTEMPT, str(attempt)),
+        _env(c.ENV_EPOCH, str(epoch)),
         _env(c.ENV_PODINFO_DIR, c.PODINFO_DIR),
         # The sidecar is stopped after the trainer, within the same grace period.
         _env(

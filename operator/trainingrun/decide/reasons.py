@@ -38,6 +38,7 @@ STORAGE_UNAVAILABLE = "StorageUnavailable"
 CHECKPOINT_SKIPPED = "CheckpointSkipped"
 POD_FORBIDDEN = "PodForbidden"
 POD_NAME_TAKEN = "PodNameTaken"
+OLD_POD_LINGERS = "OldPodLingers"  # a pod of an older attempt does not go
 
 # -- what classify saw (the detail of an ending, or of a pod not ended yet) -------------------
 

@@ -1,0 +1,118 @@
+"""Reading what is committed: the run manifest, a checkpoint's parts, and the choice of the
+checkpoint to resume from. Used by the operator, the restore, the user commands and the
+committer; reads only what a committed entry names (``ManifestEntry.part_prefixes``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    RUN_MANIFEST,
+    CheckpointManifest,
+    FileEntry,
+    ManifestEntry,
+    ManifestError,
+    RunManifest,
+    candidates,
+    listing_problems,
+    parse_checkpoint_manifest,
+    parse_run_manifest,
+    part_prefix,
+)
+from trainingrun.protocol import merged_files
+from trainingrun.storage import Location, Store
+
+
+def read_run_manifest(store: Store, run: Location) -> RunManifest | None:
+    """The run's manifest, None when there is none yet. Raises ManifestError."""
+    data = store.get(run.key(RUN_MANIFEST))
+    return parse_run_manifest(data) if data is not None else None
+
+
+def read_part(
+    store: Store, run: Location, step: int, epoch: int, rank: int
+) -> CheckpointManifest | None:
+    """One rank's part record, None when it is not there. Raises ManifestError."""
+    data = store.get(run.key(part_prefix(step, epoch, rank), CHECKPOINT_MANIFEST))
+    return parse_checkpoint_manifest(data, step, epoch, rank) if data is not None else None
+
+
+@dataclass(frozen=True)
+class Committed:
+    """A committed checkpoint as its parts describe it."""
+
+    entry: ManifestEntry
+    parts: list[tuple[str, CheckpointManifest]]  # (part prefix relative to the run, record)
+
+    @property
+    def files(self) -> list[tuple[str, FileEntry]]:
+        """(key relative to the run prefix, file) of every file; raises ManifestError when two
+        ranks wrote one path with different bytes."""
+        return merged_files(self.parts)
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for _, f in self.files)
+
+
+def read_committed(store: Store, run: Location, entry: ManifestEntry) -> Committed:
+    """The parts of a committed entry. Raises ManifestError naming a part that is missing or
+    malformed."""
+    parts = []
+    for rank, prefix in enumerate(entry.part_prefixes):
+        part = read_part(store, run, entry.step, entry.epoch, rank)
+        if part is None:
+            raise ManifestError(f"{prefix}{CHECKPOINT_MANIFEST} is missing")
+        parts.append((prefix, part))
+    return Committed(entry, parts)
+
+
+@dataclass(frozen=True)
+class Choice:
+    entry: ManifestEntry | None
+    checkpoint: Committed | None
+    rejected: list[tuple[int, str]]  # (step, why) of newer committed entries passed over
+
+
+_UNREAD = RunManifest(version=-1)
+
+
+def choose_checkpoint(
+    store: Store, run: Location, bad_steps: set[int], manifest: RunManifest | None = _UNREAD
+) -> Choice:
+    """The newest committed checkpoint not marked bad whose objects exist with the recorded sizes;
+    older committed entries are tried in turn. ``manifest``: one the caller just read."""
+    if manifest is _UNREAD:
+        manifest = read_run_manifest(store, run)
+    if manifest is None:
+        return Choice(None, None, [])
+    rejected: list[tuple[int, str]] = []
+    for entry in candidates(manifest, bad_steps):
+        ckpt, why = check_committed(store, run, entry)
+        if ckpt is not None:
+            return Choice(entry, ckpt, rejected)
+        rejected.append((entry.step, why or "not intact"))
+    return Choice(None, None, rejected)
+
+
+def check_committed(
+    store: Store, run: Location, entry: ManifestEntry
+) -> tuple[Committed | None, str | None]:
+    """(its parts, None) when a committed entry is intact: every part's MANIFEST.json parses, is
+    of this step, epoch and rank, and every object it names exists with the recorded size; else
+    (None, why)."""
+    try:
+        ckpt = read_committed(store, run, entry)
+        ckpt.files  # noqa: B018 - raises when two ranks disagree on a file
+    except ManifestError as e:
+        return None, str(e)
+    problems: list[str] = []
+    for prefix, part in ckpt.parts:
+        where = run.key(prefix) + "/"
+        listing = {key[len(where) :]: size for key, size in store.list_objects(where)}
+        problems.extend(listing_problems(part, listing))
+    if problems:
+        return None, "; ".join(problems[:3])
+    return ckpt, None

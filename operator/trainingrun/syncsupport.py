@@ -1,0 +1,142 @@
+"""The sync sidecar's surroundings: its Prometheus metrics, the watch on the checkpoint folder,
+and the downward API file the preemption notice arrives in."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+from watchdog.events import FileSystemEvent, FileSystemEventHandler
+from watchdog.observers import Observer
+
+from trainingrun import local
+from trainingrun.contract import ANNOTATION_NOTICE
+
+log = logging.getLogger("trainingrun.sync")
+
+
+class Metrics:
+    """The sidecar's Prometheus metrics (served when a metrics port is set)."""
+
+    def __init__(self, registry: Any = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.bytes = Counter("trainingrun_sync_uploaded_bytes", "Bytes uploaded.", registry=r)
+        self.files = Counter("trainingrun_sync_uploaded_files", "Files uploaded.", registry=r)
+        self.commits = Counter(
+            "trainingrun_sync_committed_checkpoints", "Checkpoints committed.", registry=r
+        )
+        self.last_step = Gauge(
+            "trainingrun_sync_last_committed_step", "Newest committed step.", registry=r
+        )
+        self.lag = Gauge(
+            "trainingrun_sync_upload_lag_seconds",
+            "From a checkpoint seen complete to its commit, for the last one committed.",
+            registry=r,
+        )
+        self.pending = Gauge(
+            "trainingrun_sync_pending_checkpoints",
+            "Complete checkpoints not committed yet.",
+            registry=r,
+        )
+        self.failures = Counter(
+            "trainingrun_sync_failures",
+            "Failed attempts to commit, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.trainer_step = Gauge(
+            "trainingrun_trainer_step", "The trainer's step, from its progress file.", registry=r
+        )
+        self.fenced = Gauge(
+            "trainingrun_sync_fenced",
+            "1 once a newer attempt holds the run's fence and this sidecar stopped uploading.",
+            registry=r,
+        )
+
+
+def read_annotation(path: Path, name: str) -> str | None:
+    """One annotation from a downward API file (lines of ``key="escaped value"``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key == name:
+            value = value.strip()
+            if len(value) >= 2 and value[0] == value[-1] == '"':
+                # Go's %q leaves printable non-ASCII as UTF-8; only backslash escapes decode.
+                value = value[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+            return value or "set"
+    return None
+
+
+def watch(checkpoint_dir: Path, wake: threading.Event) -> Any:
+    """Wakes the loop on any change under the folder; None when inotify is unavailable (the loop
+    then polls)."""
+
+    root = str(checkpoint_dir)
+
+    class _Wake(FileSystemEventHandler):
+        def on_any_event(self, event: FileSystemEvent) -> None:
+            # The progress file changes at every step: waking a scan for it would cost the
+            # trainer CPU at every step for nothing (progress is read on the poll anyway).
+            paths = [event.src_path, getattr(event, "dest_path", "") or ""]
+            if any(
+                p and not local.is_control(os.path.relpath(os.fsdecode(p), root)) for p in paths
+            ):
+                wake.set()
+
+    checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    observer = Observer()
+    try:
+        observer.schedule(_Wake(), str(checkpoint_dir), recursive=True)
+        observer.daemon = True
+        observer.start()
+    except OSError as e:
+        log.warning("inotify unavailable (%s); polling the folder instead", e)
+        return None
+    return observer
+
+
+class NoticeRelay:
+    """Turns a preemption notice in the pod's annotations (downward API file) into a "save now"
+    request to the trainer integration, once."""
+
+    def __init__(self, podinfo_dir: Path | None, checkpoint_dir: Path, metrics: Metrics) -> None:
+        self.podinfo_dir = podinfo_dir
+        self.checkpoint_dir = checkpoint_dir
+        self.metrics = metrics
+        self.sent = False
+
+    def check(self) -> None:
+        if self.sent or self.podinfo_dir is None:
+            return
+        notice = read_annotation(self.podinfo_dir / "annotations", ANNOTATION_NOTICE)
+        if not notice:
+            return
+        log.info("preemption notice (%s): asking the trainer to save now", notice)
+        self.sent = True  # once: a request that cannot be written is not retried
+        try:
+            local.request_save(self.checkpoint_dir, f"preemption notice: {notice}")
+        except OSError as e:
+            self.metrics.failures.labels("SaveRequestFailed").inc()
+            log.error(
+                "cannot ask the trainer to save (%s): it saves at SIGTERM instead; run the "
+                "pod's containers as one user (pod securityContext.runAsUser) so the sidecar "
+                "can write to %s",
+                e,
+                self.checkpoint_dir / local.CONTROL_DIR,
+            )
+
+
+def publish_progress(checkpoint_dir: Path, metrics: Metrics) -> None:
+    """The trainer's step, from its progress file, as a metric."""
+    progress = local.read_progress(checkpoint_dir)
+    if progress:
+        metrics.trainer_step.set(progress.step)

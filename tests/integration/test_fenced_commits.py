@@ -1,0 +1,179 @@
+"""The fenced, rank-aware commit protocol with real ``trainingrun sync`` and ``trainingrun
+restore`` processes against SeaweedFS.
+
+- Two ranks: the parts of attempt N and N-1 in the bucket never commit together, and a step
+  with a rank's part missing stays uncommitted; once both ranks of one attempt wrote theirs,
+  the step is committed once, the older attempt's leftover part is swept, and a restore puts
+  both ranks' files in one folder, bit for bit.
+- Upgrade: a bucket written by the version-1 protocol (``checkpoint-<step>/`` with its files,
+  manifest version 1) is upgraded in place when the operator takes the fence; the restore
+  resumes from the version-1 checkpoint, a version-2 sidecar commits after it, and retention
+  later deletes the version-1 files.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.integration.agents import (
+    S3,
+    SyncProcess,
+    agent_env,
+    make_checkpoint,
+    run_restore,
+    wait_committed,
+    wait_log,
+)
+from tests.integration.support import commit_checkpoint, wait_for
+from trainingrun.commit import take_fence
+from trainingrun.storage import Credentials, Location, Store, make_client
+
+MiB = 1 << 20
+
+
+@pytest.fixture
+def s3(localenv: Any) -> S3:
+    return S3.of(localenv)
+
+
+@pytest.fixture
+def run_key() -> str:
+    return f"fenced/{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def syncs(tmp_path: Path) -> Iterator[list[SyncProcess]]:
+    procs: list[SyncProcess] = []
+    yield procs
+    for p in procs:
+        p.close()
+
+
+def _store(s3: S3) -> Store:
+    client = make_client(s3.endpoint, s3.region, Credentials(s3.access_key, s3.secret_key))
+    return Store(client, s3.bucket)
+
+
+def _manifest(s3: S3, run_key: str) -> dict[str, Any]:
+    body = s3.client().get_object(Bucket=s3.bucket, Key=f"{run_key}/manifest.json")["Body"]
+    manifest: dict[str, Any] = json.loads(body.read())
+    return manifest
+
+
+def _keys(s3: S3, prefix: str) -> list[str]:
+    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix)
+    return [o["Key"] for page in pages for o in page.get("Contents") or []]
+
+
+def _rank(
+    s3: S3, syncs: list[SyncProcess], tmp_path: Path, uri: str, epoch: int, rank: int, step: int
+) -> tuple[SyncProcess, Path]:
+    """One rank's sidecar of one epoch, with that rank's files of ``step`` saved."""
+    ckdir = tmp_path / f"e{epoch}r{rank}"
+    files = {f"shard-{rank}.bin": 3 * MiB + rank, "config.json": 300}
+    make_checkpoint(ckdir, step, files, seed=epoch * 100 + rank)
+    # config.json is the same on every rank of an epoch, as a model config is.
+    (ckdir / f"checkpoint-{step}" / "config.json").write_text(f'{{"epoch": {epoch}}}')
+    env = agent_env(
+        s3,
+        uri,
+        ckdir,
+        TRAININGRUN_EPOCH=str(epoch),
+        TRAININGRUN_ATTEMPT=str(epoch),
+        TRAININGRUN_RANK=str(rank),
+        TRAININGRUN_RANKS="2",
+    )
+    proc = SyncProcess(env, tmp_path / f"sync-e{epoch}r{rank}.log")
+    syncs.append(proc)
+    return proc, ckdir / f"checkpoint-{step}"
+
+
+def test_parts_of_two_attempts_never_commit_together(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    uri = f"s3://{s3.bucket}/{run_key}"
+    run = Location(s3.bucket, run_key)
+    store = _store(s3)
+    _, epoch1 = take_fence(store, run, "uid", 1)
+
+    old, _ = _rank(s3, syncs, tmp_path, uri, epoch1, 1, 10)
+    wait_log(old, "waiting for ranks [0]", timeout=60)
+    assert old.terminate() == 0
+    assert _keys(s3, f"{run_key}/checkpoints/checkpoint-10/e{epoch1}/r1/")
+
+    _, epoch2 = take_fence(store, run, "uid", 2)
+    first, _ = _rank(s3, syncs, tmp_path, uri, epoch2, 0, 10)
+    wait_log(first, "waiting for ranks [1]", timeout=60)
+    # Rank 0 of epoch 2 and rank 1 of epoch 1 together would be a whole checkpoint: not one.
+    assert _manifest(s3, run_key)["entries"] == []
+
+    second, _ = _rank(s3, syncs, tmp_path, uri, epoch2, 1, 10)
+    manifest = wait_committed(s3.client(), s3.bucket, run_key, 10, timeout=60)
+    [entry] = manifest["entries"]
+    assert (entry["epoch"], entry["ranks"], entry["attempt"]) == (epoch2, 2, 2)
+    assert manifest["fence"] == epoch2
+    # The old attempt's part is nobody's: the committer sweeps it.
+    wait_for(
+        lambda: not _keys(s3, f"{run_key}/checkpoints/checkpoint-10/e{epoch1}/"),
+        30,
+        "epoch 1's leftover part deleted",
+    )
+    for proc in (first, second):
+        assert proc.terminate() == 0
+
+    restored = tmp_path / "restored"
+    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="10"))
+    assert result.returncode == 0, result.stderr
+    folder = restored / "checkpoint-10"
+    for rank in range(2):
+        src = tmp_path / f"e{epoch2}r{rank}" / "checkpoint-10" / f"shard-{rank}.bin"
+        assert (folder / f"shard-{rank}.bin").read_bytes() == src.read_bytes()
+    assert json.loads((folder / "config.json").read_text()) == {"epoch": epoch2}
+
+
+def test_a_version_1_bucket_resumes_under_version_2(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    uri = f"s3://{s3.bucket}/{run_key}"
+    client = s3.client()
+    weights = bytes(range(256)) * 4096
+    commit_checkpoint(client, s3.bucket, run_key, 20, {"model.safetensors": weights})
+    v1 = _manifest(s3, run_key)
+    v1_body = {"version": 1, "entries": v1["entries"], "latest": 20}
+    for entry in v1_body["entries"]:
+        for field in ("epoch", "attempt", "ranks"):
+            entry.pop(field, None)
+    client.put_object(
+        Bucket=s3.bucket, Key=f"{run_key}/manifest.json", Body=json.dumps(v1_body).encode()
+    )
+
+    # The operator takes the fence for the next attempt: the manifest becomes version 2.
+    manifest, epoch = take_fence(_store(s3), Location(s3.bucket, run_key), "uid", 3)
+    assert (manifest.version, manifest.fence, [e.step for e in manifest.entries]) == (2, 1, [20])
+    upgraded = _manifest(s3, run_key)
+    assert (upgraded["version"], upgraded["entries"][0]["epoch"]) == (2, 0)
+
+    restored = tmp_path / "restored"
+    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="20"))
+    assert result.returncode == 0, result.stderr
+    assert (restored / "checkpoint-20" / "model.safetensors").read_bytes() == weights
+
+    ckdir = tmp_path / "ck"
+    make_checkpoint(ckdir, 30, {"model.safetensors": MiB})
+    env = agent_env(s3, uri, ckdir, TRAININGRUN_EPOCH=str(epoch), TRAININGRUN_KEEP="1")
+    proc = SyncProcess(env, tmp_path / "sync.log")
+    syncs.append(proc)
+    after = wait_committed(client, s3.bucket, run_key, 30, timeout=60)
+    assert [(e["step"], e["epoch"]) for e in after["entries"]] == [(30, epoch)]
+    wait_for(
+        lambda: not _keys(s3, f"{run_key}/checkpoints/checkpoint-20/"),
+        30,
+        "the version-1 checkpoint's files deleted by retention",
+    )
+    assert proc.terminate() == 0
