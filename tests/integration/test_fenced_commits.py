@@ -177,3 +177,47 @@ def test_a_version_1_bucket_resumes_under_version_2(
         "the version-1 checkpoint's files deleted by retention",
     )
     assert proc.terminate() == 0
+
+
+def test_a_stale_writer_uploading_across_the_fence_move_commits_nothing(
+    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    """An attempt's sidecar is mid-upload when the operator takes the fence for the next
+    attempt: its upload goes on (its keys are its own), its commit is refused, and the next
+    attempt's commit of the same step sweeps what it left."""
+    uri = f"s3://{s3.bucket}/{run_key}"
+    run = Location(s3.bucket, run_key)
+    store = _store(s3)
+    _, epoch1 = take_fence(store, run, "uid", 1)
+    old_dir = tmp_path / "old"
+    make_checkpoint(old_dir, 50, {"model.safetensors": 12 * MiB}, seed=1)
+    env = agent_env(
+        s3, uri, old_dir, TRAININGRUN_EPOCH=str(epoch1), TRAININGRUN_MAX_BANDWIDTH_MBPS="2"
+    )
+    old = SyncProcess(env, tmp_path / "old.log")
+    syncs.append(old)
+    wait_log(old, "checkpoint-50: uploading", timeout=60)
+
+    _, epoch2 = take_fence(store, run, "uid", 2)  # the old upload has ~6 s to go
+    wait_log(old, f"epoch {epoch1} is fenced", timeout=60)
+    assert "checkpoint-50: uploaded and verified" in old.log(), "the upload went on to its end"
+    assert _manifest(s3, run_key)["entries"] == []
+    assert _keys(s3, f"{run_key}/checkpoints/checkpoint-50/e{epoch1}/")
+
+    new_dir = tmp_path / "new"
+    src = make_checkpoint(new_dir, 50, {"model.safetensors": 2 * MiB}, seed=2)
+    new = SyncProcess(
+        agent_env(s3, uri, new_dir, TRAININGRUN_EPOCH=str(epoch2)), tmp_path / "new.log"
+    )
+    syncs.append(new)
+    manifest = wait_committed(s3.client(), s3.bucket, run_key, 50, timeout=60)
+    assert [(e["step"], e["epoch"]) for e in manifest["entries"]] == [(50, epoch2)]
+    assert not _keys(s3, f"{run_key}/checkpoints/checkpoint-50/e{epoch1}/"), "swept"
+    for proc in (old, new):
+        assert proc.terminate() == 0
+    restored = tmp_path / "restored"
+    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="50"))
+    assert result.returncode == 0, result.stderr
+    assert (restored / "checkpoint-50" / "model.safetensors").read_bytes() == (
+        src / "model.safetensors"
+    ).read_bytes()
