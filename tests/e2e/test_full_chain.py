@@ -17,14 +17,13 @@ import json
 import os
 import random
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from tests.e2e.example import losses, uninterrupted
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
@@ -38,33 +37,10 @@ MAX_STEPS, SAVE_STEPS, STEP_DELAY = 60, 10, 0.25
 SEED = int(os.environ.get("TRAININGRUN_E2E_SEED", "20261122"))
 
 
-def losses(path: Path) -> dict[int, float]:
-    if not path.exists():
-        return {}
-    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
     """The uninterrupted run of the same spec, as a plain local process."""
-    work = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "examples" / "finetune.py"),
-            f"--max-steps={MAX_STEPS}",
-            f"--save-steps={SAVE_STEPS}",
-            f"--loss-log={work / 'loss.jsonl'}",
-        ],
-        env={**os.environ, "TRAININGRUN_CHECKPOINT_DIR": str(work / "ck")},
-        cwd=work,
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    weights = (work / "ck" / f"checkpoint-{MAX_STEPS}" / "model.safetensors").read_bytes()
-    return weights, losses(work / "loss.jsonl")
+    return uninterrupted(tmp_path_factory.mktemp("reference"), MAX_STEPS, SAVE_STEPS)
 
 
 def finetune_run(

@@ -19,9 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,6 +27,7 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.example import losses, uninterrupted
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv, s3_client
 from tests.podrunner import RunnerHandle
@@ -51,34 +49,10 @@ POLL_S = 0.3
 WATCH_LIMIT_S = 600
 
 
-def losses(path: Path) -> dict[int, float]:
-    if not path.exists():
-        return {}
-    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
-    """The uninterrupted run of the same spec, as a plain local process (no step delay: the
-    delay is a sleep and changes nothing else)."""
-    work = tmp_path_factory.mktemp("reference")
-    proc = subprocess.run(
-        [
-            sys.executable,
-            str(REPO / "examples" / "finetune.py"),
-            f"--max-steps={MAX_STEPS}",
-            f"--save-steps={SAVE_STEPS}",
-            f"--loss-log={work / 'loss.jsonl'}",
-        ],
-        env={**os.environ, "TRAININGRUN_CHECKPOINT_DIR": str(work / "ck")},
-        cwd=work,
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
-    weights = (work / "ck" / f"checkpoint-{MAX_STEPS}" / "model.safetensors").read_bytes()
-    return weights, losses(work / "loss.jsonl")
+    """The uninterrupted run of the same spec, as a plain local process."""
+    return uninterrupted(tmp_path_factory.mktemp("reference"), MAX_STEPS, SAVE_STEPS)
 
 
 def partition_run(

@@ -14,12 +14,8 @@ restore`` processes against SeaweedFS.
 from __future__ import annotations
 
 import json
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.integration.agents import (
     S3,
@@ -35,24 +31,6 @@ from trainingrun.commit import take_fence
 from trainingrun.storage import Credentials, Location, Store, make_client
 
 MiB = 1 << 20
-
-
-@pytest.fixture
-def s3(localenv: Any) -> S3:
-    return S3.of(localenv)
-
-
-@pytest.fixture
-def run_key() -> str:
-    return f"fenced/{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def syncs(tmp_path: Path) -> Iterator[list[SyncProcess]]:
-    procs: list[SyncProcess] = []
-    yield procs
-    for p in procs:
-        p.close()
 
 
 def _store(s3: S3) -> Store:

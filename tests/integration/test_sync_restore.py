@@ -15,8 +15,6 @@ import json
 import threading
 import time
 import urllib.request
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -50,24 +48,6 @@ HF_LIKE = {
     "training_args.bin": 5000,
     "config.json": 700,
 }
-
-
-@pytest.fixture
-def s3(localenv: Any) -> S3:
-    return S3.of(localenv)
-
-
-@pytest.fixture
-def run_key() -> str:
-    return f"agents/{uuid.uuid4().hex[:10]}"
-
-
-@pytest.fixture
-def syncs(tmp_path: Path) -> Iterator[list[SyncProcess]]:
-    started: list[SyncProcess] = []
-    yield started
-    for proc in started:
-        proc.close()
 
 
 def start_sync(syncs: list[SyncProcess], env: dict[str, str], tmp_path: Path) -> SyncProcess:

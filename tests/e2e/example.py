@@ -1,0 +1,41 @@
+"""The example fine-tuning (examples/finetune.py) as the e2e tests use it: its loss log, and
+its uninterrupted run as a plain local process, the reference a disrupted run must match."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def losses(path: Path) -> dict[int, float]:
+    """Step -> loss from a loss log (one JSON line per step); empty when there is none yet."""
+    if not path.exists():
+        return {}
+    return {r["step"]: r["loss"] for r in map(json.loads, path.read_text().splitlines())}
+
+
+def uninterrupted(work: Path, max_steps: int, save_steps: int) -> tuple[bytes, dict[int, float]]:
+    """(final weights, losses) of the example run start to end in ``work`` (no step delay: the
+    delay is a sleep and changes nothing else)."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(REPO / "examples" / "finetune.py"),
+            f"--max-steps={max_steps}",
+            f"--save-steps={save_steps}",
+            f"--loss-log={work / 'loss.jsonl'}",
+        ],
+        env={**os.environ, "TRAININGRUN_CHECKPOINT_DIR": str(work / "ck")},
+        cwd=work,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr.decode()[-2000:]
+    weights = (work / "ck" / f"checkpoint-{max_steps}" / "model.safetensors").read_bytes()
+    return weights, losses(work / "loss.jsonl")
