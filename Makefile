@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
-	layers verify test test-unit test-integration bench-tools bench-transfer clean
+	layers verify test test-unit test-integration bench-tools bench-transfer bench-protocol clean
 .PHONY: chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
 CHART := charts/trainingrun
@@ -135,6 +135,9 @@ bench-tools: ## Install rclone (Debian package), a baseline of the transfer benc
 
 bench-transfer: venv bench-tools cluster ## Checkpoint upload/restore vs boto3 and rclone (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_transfer --write docs/benchmarks.md
+
+bench-protocol: venv cluster ## Sync/restore, commit protocol v1 (REV=01b44ab) vs the working tree (docs/benchmarks.md)
+	$(BIN)/python -m tests.bench_protocol --rev $(or $(REV),01b44ab) --write docs/benchmarks.md
 
 clean: cluster-down ## Stop the environment and remove .venv and caches inside the clone
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -51,6 +51,7 @@ from trainingrun.manifest import (
     ManifestEntry,
     ManifestError,
     RunManifest,
+    checkpoint_prefix,
     epoch_prefix,
     parse_checkpoint_manifest,
     parse_run_manifest,
@@ -356,11 +357,22 @@ class Committer:
             f"{key}: still losing the compare-and-swap after {CAS_ATTEMPTS} tries"
         )
 
-    def sweep(self, manifest: RunManifest, dropped: tuple[ManifestEntry, ...] = ()) -> int:
+    def sweep(
+        self,
+        manifest: RunManifest,
+        dropped: tuple[ManifestEntry, ...] = (),
+        steps: list[int] | None = None,
+    ) -> int:
         """Deletes, after a commit that wrote ``manifest``, the objects of the entries
-        retention dropped and those older epochs left uncommitted; returns how many."""
-        root = self.run.key(CHECKPOINTS_DIR) + "/"
-        keys = [self.run.relative(k) for k, _ in self.store.list_objects(root)]
+        retention dropped and those older epochs left uncommitted; returns how many. Only the
+        folders of ``steps`` are listed when given (a listing of all of ``checkpoints/`` grows
+        with the run on stores that keep empty folders), else all of them."""
+        roots = (
+            [self.run.key(checkpoint_prefix(step)) + "/" for step in sorted(set(steps))]
+            if steps is not None
+            else [self.run.key(CHECKPOINTS_DIR) + "/"]
+        )
+        keys = [self.run.relative(k) for root in roots for k, _ in self.store.list_objects(root)]
         doomed = protocol.sweepable(keys, manifest, self.epoch, list(dropped))
         if doomed:
             self.store.delete([self.run.key(k) for k in doomed])

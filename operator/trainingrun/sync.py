@@ -134,14 +134,7 @@ class Sync:
                 "read-back; two writers racing between the write and the read can both win, and "
                 "a fence taken meanwhile can be lost (docs/checkpoints.md, guarantees)"
             )
-        epoch = self.s.epoch
-        if epoch is None:
-            holder = f"sync@{socket.gethostname()}"
-            try:
-                _, epoch = take_fence(self.store, self.s.run, holder, self.s.attempt or 1)
-            except StaleAttempt as e:
-                raise Fenced(0, 0, str(e)) from e
-            log.info("no epoch given: took the run's fence, epoch %d", epoch)
+        epoch = self.s.epoch if self.s.epoch is not None else take_own_fence(self.store, self.s)
         self.committer = Committer(
             self.store, self.s.run, self.caps, self.s.keep, epoch, self.s.rank, self.s.ranks
         )
@@ -150,6 +143,9 @@ class Sync:
         if aborted:
             log.info("aborted %d unfinished multipart uploads of an earlier sync", aborted)
         self.refresh_committed()
+        manifest, _ = self.committer.read()
+        if manifest is not None:  # what older attempts left, once; later only the steps it commits
+            sweep(self.committer, manifest, [], self.metrics)
 
     def refresh_committed(self) -> None:
         """The committed steps, read again; raises Fenced when a newer epoch holds the fence."""
@@ -347,16 +343,33 @@ class Sync:
         self.metrics.lag.set(time.monotonic() - self.seen_complete.get(ckpt.step, started))
         log.info("%s committed (epoch %d)", what, self.committer.epoch if self.committer else 0)
         if outcome.manifest is not None and self.committer is not None:
-            sweep(self.committer, outcome.manifest, dropped, self.metrics)
+            steps = [ckpt.step, *(d.step for d in dropped)]
+            sweep(self.committer, outcome.manifest, dropped, self.metrics, steps)
+
+
+def take_own_fence(store: Store, s: SyncSettings) -> int:
+    """The epoch of a sync started by hand (no ``TRAININGRUN_EPOCH``): it takes the fence."""
+    holder = f"sync@{socket.gethostname()}"
+    try:
+        _, epoch = take_fence(store, s.run, holder, s.attempt or 1)
+    except StaleAttempt as e:
+        raise Fenced(0, 0, str(e)) from e
+    log.info("no epoch given: took the run's fence, epoch %d", epoch)
+    return epoch
 
 
 def sweep(
-    committer: Committer, manifest: RunManifest, dropped: list[ManifestEntry], metrics: Metrics
+    committer: Committer,
+    manifest: RunManifest,
+    dropped: list[ManifestEntry],
+    metrics: Metrics,
+    steps: list[int] | None = None,
 ) -> None:
-    """Retention's second half and the old epochs' leftovers: objects no entry names."""
+    """Retention's second half and the old epochs' leftovers: objects no entry names (in the
+    folders of ``steps`` only, when given)."""
     names = ", ".join(f"checkpoint-{d.step}" for d in dropped)
     try:
-        n = committer.sweep(manifest, tuple(dropped))
+        n = committer.sweep(manifest, tuple(dropped), steps)
     except StorageError as e:
         # The manifest no longer names them: left over, they cost space, never a resume.
         metrics.failures.labels("RetentionDeleteFailed").inc()

@@ -15,7 +15,8 @@ from tests.localenv import LocalEnv
 
 
 @pytest.fixture
-def s3(localenv: LocalEnv) -> S3:
+def agent_s3(localenv: LocalEnv) -> S3:
+    """The bucket as the agents see it (endpoint, credentials); ``s3`` is the boto3 client."""
     return S3.of(localenv)
 
 

@@ -33,24 +33,38 @@ from trainingrun.storage import Credentials, Location, Store, make_client
 MiB = 1 << 20
 
 
-def _store(s3: S3) -> Store:
-    client = make_client(s3.endpoint, s3.region, Credentials(s3.access_key, s3.secret_key))
-    return Store(client, s3.bucket)
+def _store(agent_s3: S3) -> Store:
+    client = make_client(
+        agent_s3.endpoint, agent_s3.region, Credentials(agent_s3.access_key, agent_s3.secret_key)
+    )
+    return Store(client, agent_s3.bucket)
 
 
-def _manifest(s3: S3, run_key: str) -> dict[str, Any]:
-    body = s3.client().get_object(Bucket=s3.bucket, Key=f"{run_key}/manifest.json")["Body"]
+def _manifest(agent_s3: S3, run_key: str) -> dict[str, Any]:
+    body = agent_s3.client().get_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json")[
+        "Body"
+    ]
     manifest: dict[str, Any] = json.loads(body.read())
     return manifest
 
 
-def _keys(s3: S3, prefix: str) -> list[str]:
-    pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=s3.bucket, Prefix=prefix)
+def _keys(agent_s3: S3, prefix: str) -> list[str]:
+    pages = (
+        agent_s3.client()
+        .get_paginator("list_objects_v2")
+        .paginate(Bucket=agent_s3.bucket, Prefix=prefix)
+    )
     return [o["Key"] for page in pages for o in page.get("Contents") or []]
 
 
 def _rank(
-    s3: S3, syncs: list[SyncProcess], tmp_path: Path, uri: str, epoch: int, rank: int, step: int
+    agent_s3: S3,
+    syncs: list[SyncProcess],
+    tmp_path: Path,
+    uri: str,
+    epoch: int,
+    rank: int,
+    step: int,
 ) -> tuple[SyncProcess, Path]:
     """One rank's sidecar of one epoch, with that rank's files of ``step`` saved."""
     ckdir = tmp_path / f"e{epoch}r{rank}"
@@ -59,7 +73,7 @@ def _rank(
     # config.json is the same on every rank of an epoch, as a model config is.
     (ckdir / f"checkpoint-{step}" / "config.json").write_text(f'{{"epoch": {epoch}}}')
     env = agent_env(
-        s3,
+        agent_s3,
         uri,
         ckdir,
         TRAININGRUN_EPOCH=str(epoch),
@@ -73,32 +87,32 @@ def _rank(
 
 
 def test_parts_of_two_attempts_never_commit_together(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    uri = f"s3://{s3.bucket}/{run_key}"
-    run = Location(s3.bucket, run_key)
-    store = _store(s3)
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    run = Location(agent_s3.bucket, run_key)
+    store = _store(agent_s3)
     _, epoch1 = take_fence(store, run, "uid", 1)
 
-    old, _ = _rank(s3, syncs, tmp_path, uri, epoch1, 1, 10)
+    old, _ = _rank(agent_s3, syncs, tmp_path, uri, epoch1, 1, 10)
     wait_log(old, "waiting for ranks [0]", timeout=60)
     assert old.terminate() == 0
-    assert _keys(s3, f"{run_key}/checkpoints/checkpoint-10/e{epoch1}/r1/")
+    assert _keys(agent_s3, f"{run_key}/checkpoints/checkpoint-10/e{epoch1}/r1/")
 
     _, epoch2 = take_fence(store, run, "uid", 2)
-    first, _ = _rank(s3, syncs, tmp_path, uri, epoch2, 0, 10)
+    first, _ = _rank(agent_s3, syncs, tmp_path, uri, epoch2, 0, 10)
     wait_log(first, "waiting for ranks [1]", timeout=60)
     # Rank 0 of epoch 2 and rank 1 of epoch 1 together would be a whole checkpoint: not one.
-    assert _manifest(s3, run_key)["entries"] == []
+    assert _manifest(agent_s3, run_key)["entries"] == []
 
-    second, _ = _rank(s3, syncs, tmp_path, uri, epoch2, 1, 10)
-    manifest = wait_committed(s3.client(), s3.bucket, run_key, 10, timeout=60)
+    second, _ = _rank(agent_s3, syncs, tmp_path, uri, epoch2, 1, 10)
+    manifest = wait_committed(agent_s3.client(), agent_s3.bucket, run_key, 10, timeout=60)
     [entry] = manifest["entries"]
     assert (entry["epoch"], entry["ranks"], entry["attempt"]) == (epoch2, 2, 2)
     assert manifest["fence"] == epoch2
     # The old attempt's part is nobody's: the committer sweeps it.
     wait_for(
-        lambda: not _keys(s3, f"{run_key}/checkpoints/checkpoint-10/e{epoch1}/"),
+        lambda: not _keys(agent_s3, f"{run_key}/checkpoints/checkpoint-10/e{epoch1}/"),
         30,
         "epoch 1's leftover part deleted",
     )
@@ -106,7 +120,7 @@ def test_parts_of_two_attempts_never_commit_together(
         assert proc.terminate() == 0
 
     restored = tmp_path / "restored"
-    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="10"))
+    result = run_restore(agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP="10"))
     assert result.returncode == 0, result.stderr
     folder = restored / "checkpoint-10"
     for rank in range(2):
@@ -116,41 +130,41 @@ def test_parts_of_two_attempts_never_commit_together(
 
 
 def test_a_version_1_bucket_resumes_under_version_2(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    uri = f"s3://{s3.bucket}/{run_key}"
-    client = s3.client()
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    client = agent_s3.client()
     weights = bytes(range(256)) * 4096
-    commit_checkpoint(client, s3.bucket, run_key, 20, {"model.safetensors": weights})
-    v1 = _manifest(s3, run_key)
+    commit_checkpoint(client, agent_s3.bucket, run_key, 20, {"model.safetensors": weights})
+    v1 = _manifest(agent_s3, run_key)
     v1_body = {"version": 1, "entries": v1["entries"], "latest": 20}
     for entry in v1_body["entries"]:
         for field in ("epoch", "attempt", "ranks"):
             entry.pop(field, None)
     client.put_object(
-        Bucket=s3.bucket, Key=f"{run_key}/manifest.json", Body=json.dumps(v1_body).encode()
+        Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json", Body=json.dumps(v1_body).encode()
     )
 
     # The operator takes the fence for the next attempt: the manifest becomes version 2.
-    manifest, epoch = take_fence(_store(s3), Location(s3.bucket, run_key), "uid", 3)
+    manifest, epoch = take_fence(_store(agent_s3), Location(agent_s3.bucket, run_key), "uid", 3)
     assert (manifest.version, manifest.fence, [e.step for e in manifest.entries]) == (2, 1, [20])
-    upgraded = _manifest(s3, run_key)
+    upgraded = _manifest(agent_s3, run_key)
     assert (upgraded["version"], upgraded["entries"][0]["epoch"]) == (2, 0)
 
     restored = tmp_path / "restored"
-    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="20"))
+    result = run_restore(agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP="20"))
     assert result.returncode == 0, result.stderr
     assert (restored / "checkpoint-20" / "model.safetensors").read_bytes() == weights
 
     ckdir = tmp_path / "ck"
     make_checkpoint(ckdir, 30, {"model.safetensors": MiB})
-    env = agent_env(s3, uri, ckdir, TRAININGRUN_EPOCH=str(epoch), TRAININGRUN_KEEP="1")
+    env = agent_env(agent_s3, uri, ckdir, TRAININGRUN_EPOCH=str(epoch), TRAININGRUN_KEEP="1")
     proc = SyncProcess(env, tmp_path / "sync.log")
     syncs.append(proc)
-    after = wait_committed(client, s3.bucket, run_key, 30, timeout=60)
+    after = wait_committed(client, agent_s3.bucket, run_key, 30, timeout=60)
     assert [(e["step"], e["epoch"]) for e in after["entries"]] == [(30, epoch)]
     wait_for(
-        lambda: not _keys(s3, f"{run_key}/checkpoints/checkpoint-20/"),
+        lambda: not _keys(agent_s3, f"{run_key}/checkpoints/checkpoint-20/"),
         30,
         "the version-1 checkpoint's files deleted by retention",
     )
@@ -158,43 +172,50 @@ def test_a_version_1_bucket_resumes_under_version_2(
 
 
 def test_a_stale_writer_uploading_across_the_fence_move_commits_nothing(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
     """An attempt's sidecar is mid-upload when the operator takes the fence for the next
     attempt: its upload goes on (its keys are its own), its commit is refused, and the next
     attempt's commit of the same step sweeps what it left."""
-    uri = f"s3://{s3.bucket}/{run_key}"
-    run = Location(s3.bucket, run_key)
-    store = _store(s3)
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    run = Location(agent_s3.bucket, run_key)
+    store = _store(agent_s3)
     _, epoch1 = take_fence(store, run, "uid", 1)
     old_dir = tmp_path / "old"
-    make_checkpoint(old_dir, 50, {"model.safetensors": 12 * MiB}, seed=1)
+    make_checkpoint(old_dir, 50, {"model.safetensors": 30 * MiB}, seed=1)
+    # Six parts of 5 MiB at 2 MiB/s: the throttle holds every part after the first for 2.5 s,
+    # so the upload is still going for about 12 s after it starts.
     env = agent_env(
-        s3, uri, old_dir, TRAININGRUN_EPOCH=str(epoch1), TRAININGRUN_MAX_BANDWIDTH_MBPS="2"
+        agent_s3,
+        uri,
+        old_dir,
+        TRAININGRUN_EPOCH=str(epoch1),
+        TRAININGRUN_MAX_BANDWIDTH_MBPS="2",
+        TRAININGRUN_PART_SIZE_MB="5",
     )
     old = SyncProcess(env, tmp_path / "old.log")
     syncs.append(old)
     wait_log(old, "checkpoint-50: uploading", timeout=60)
 
-    _, epoch2 = take_fence(store, run, "uid", 2)  # the old upload has ~6 s to go
+    _, epoch2 = take_fence(store, run, "uid", 2)  # the old upload has ~12 s to go
     wait_log(old, f"epoch {epoch1} is fenced", timeout=60)
     assert "checkpoint-50: uploaded and verified" in old.log(), "the upload went on to its end"
-    assert _manifest(s3, run_key)["entries"] == []
-    assert _keys(s3, f"{run_key}/checkpoints/checkpoint-50/e{epoch1}/")
+    assert _manifest(agent_s3, run_key)["entries"] == []
+    assert _keys(agent_s3, f"{run_key}/checkpoints/checkpoint-50/e{epoch1}/")
 
     new_dir = tmp_path / "new"
     src = make_checkpoint(new_dir, 50, {"model.safetensors": 2 * MiB}, seed=2)
     new = SyncProcess(
-        agent_env(s3, uri, new_dir, TRAININGRUN_EPOCH=str(epoch2)), tmp_path / "new.log"
+        agent_env(agent_s3, uri, new_dir, TRAININGRUN_EPOCH=str(epoch2)), tmp_path / "new.log"
     )
     syncs.append(new)
-    manifest = wait_committed(s3.client(), s3.bucket, run_key, 50, timeout=60)
+    manifest = wait_committed(agent_s3.client(), agent_s3.bucket, run_key, 50, timeout=60)
     assert [(e["step"], e["epoch"]) for e in manifest["entries"]] == [(50, epoch2)]
-    assert not _keys(s3, f"{run_key}/checkpoints/checkpoint-50/e{epoch1}/"), "swept"
+    assert not _keys(agent_s3, f"{run_key}/checkpoints/checkpoint-50/e{epoch1}/"), "swept"
     for proc in (old, new):
         assert proc.terminate() == 0
     restored = tmp_path / "restored"
-    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="50"))
+    result = run_restore(agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP="50"))
     assert result.returncode == 0, result.stderr
     assert (restored / "checkpoint-50" / "model.safetensors").read_bytes() == (
         src / "model.safetensors"

@@ -84,21 +84,21 @@ def same_tree(a: Path, b: Path) -> bool:
 
 
 def test_checkpoint_committed_then_restored_bit_for_bit(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     src = make_checkpoint(ckdir, 10, HF_LIKE)
     (port,) = free_ports(1)
     env = agent_env(
-        s3,
-        f"s3://{s3.bucket}/{run_key}",
+        agent_s3,
+        f"s3://{agent_s3.bucket}/{run_key}",
         ckdir,
         TRAININGRUN_METRICS_PORT=str(port),
         TRAININGRUN_METRICS_ADDRESS="127.0.0.1",
     )
     proc = start_sync(syncs, env, tmp_path)
-    manifest = wait_committed(client, s3.bucket, run_key, 10, timeout=120)
+    manifest = wait_committed(client, agent_s3.bucket, run_key, 10, timeout=120)
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     metrics = {
         name: float(value)
@@ -114,7 +114,7 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
     assert entry["bytes"] == sum(HF_LIKE.values()) + (src / local.TRAINER_STATE).stat().st_size
     ckpt = json.loads(
         client.get_object(
-            Bucket=s3.bucket, Key=f"{run_key}/checkpoints/checkpoint-10/e1/r0/MANIFEST.json"
+            Bucket=agent_s3.bucket, Key=f"{run_key}/checkpoints/checkpoint-10/e1/r0/MANIFEST.json"
         )["Body"].read()
     )
     assert {f["checksum_algorithm"] for f in ckpt["files"]} == {"CRC64NVME"}
@@ -124,7 +124,9 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
 
     restored = tmp_path / "restored"
     result = run_restore(
-        agent_env(s3, f"s3://{s3.bucket}/{run_key}", restored, TRAININGRUN_RESTORE_STEP="10")
+        agent_env(
+            agent_s3, f"s3://{agent_s3.bucket}/{run_key}", restored, TRAININGRUN_RESTORE_STEP="10"
+        )
     )
     assert result.returncode == 0, result.stderr
     assert "restored and verified" in result.stderr
@@ -137,9 +139,9 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
 
 
 def test_quiet_period_completes_unmarked_and_ignores_non_checkpoints(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     make_checkpoint(ckdir, 5, {"weights.bin": 2 * MiB}, marked=False)
     not_a_checkpoint = ckdir / "checkpoint-6"  # no trainer_state.json: never complete
@@ -147,62 +149,64 @@ def test_quiet_period_completes_unmarked_and_ignores_non_checkpoints(
     (not_a_checkpoint / "partial.bin").write_bytes(b"x" * 1000)
     (ckdir / "runs").mkdir()
     (ckdir / "runs" / "events.log").write_text("not a checkpoint folder")
-    start_sync(syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir), tmp_path)
-    wait_committed(client, s3.bucket, run_key, 5, timeout=60)
+    start_sync(syncs, agent_env(agent_s3, f"s3://{agent_s3.bucket}/{run_key}", ckdir), tmp_path)
+    wait_committed(client, agent_s3.bucket, run_key, 5, timeout=60)
     make_checkpoint(ckdir, 7, {"weights.bin": MiB})
-    manifest = wait_committed(client, s3.bucket, run_key, 7, timeout=60)
+    manifest = wait_committed(client, agent_s3.bucket, run_key, 7, timeout=60)
     assert sorted(e["step"] for e in manifest["entries"]) == [5, 7]
-    assert keys_under(client, s3.bucket, f"{run_key}/checkpoints/checkpoint-6/") == []
-    assert not [k for k in keys_under(client, s3.bucket, run_key) if "runs/" in k]
+    assert keys_under(client, agent_s3.bucket, f"{run_key}/checkpoints/checkpoint-6/") == []
+    assert not [k for k in keys_under(client, agent_s3.bucket, run_key) if "runs/" in k]
 
 
 def test_retention_keeps_newest_and_deletes_dropped_objects(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     start_sync(
-        syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_KEEP="2"), tmp_path
+        syncs,
+        agent_env(agent_s3, f"s3://{agent_s3.bucket}/{run_key}", ckdir, TRAININGRUN_KEEP="2"),
+        tmp_path,
     )
     for step in (10, 20, 30):
         make_checkpoint(ckdir, step, {"weights.bin": MiB})
-        wait_committed(client, s3.bucket, run_key, step, timeout=60)
-    manifest = manifest_of(client, s3.bucket, run_key)
+        wait_committed(client, agent_s3.bucket, run_key, step, timeout=60)
+    manifest = manifest_of(client, agent_s3.bucket, run_key)
     assert manifest is not None
     assert [e["step"] for e in manifest["entries"]] == [20, 30]
     wait_for(
-        lambda: not keys_under(client, s3.bucket, f"{run_key}/checkpoints/checkpoint-10/"),
+        lambda: not keys_under(client, agent_s3.bucket, f"{run_key}/checkpoints/checkpoint-10/"),
         30,
         "checkpoint-10 objects deleted",
     )
-    assert keys_under(client, s3.bucket, f"{run_key}/checkpoints/checkpoint-20/")
+    assert keys_under(client, agent_s3.bucket, f"{run_key}/checkpoints/checkpoint-20/")
 
 
 def test_sigkill_mid_upload_commits_nothing_partial_then_restart_commits(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     src = make_checkpoint(ckdir, 40, {"model.safetensors": 120 * MiB, "config.json": 500})
-    uri = f"s3://{s3.bucket}/{run_key}"
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
     slow = start_sync(
-        syncs, agent_env(s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"), tmp_path
+        syncs, agent_env(agent_s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"), tmp_path
     )
     wait_log(slow, "checkpoint-40: uploading", timeout=60)
     time.sleep(2.5)  # well inside the ~6 s the throttled upload takes
     slow.kill()
-    assert not (manifest_of(client, s3.bucket, run_key) or {}).get("entries")
+    assert not (manifest_of(client, agent_s3.bucket, run_key) or {}).get("entries")
     assert f"{run_key}/checkpoints/checkpoint-40/e1/r0/MANIFEST.json" not in keys_under(
-        client, s3.bucket, run_key
+        client, agent_s3.bucket, run_key
     )
-    assert client.list_multipart_uploads(Bucket=s3.bucket, Prefix=run_key).get("Uploads")
+    assert client.list_multipart_uploads(Bucket=agent_s3.bucket, Prefix=run_key).get("Uploads")
 
-    again = start_sync(syncs, agent_env(s3, uri, ckdir), tmp_path)
-    wait_committed(client, s3.bucket, run_key, 40, timeout=120)
+    again = start_sync(syncs, agent_env(agent_s3, uri, ckdir), tmp_path)
+    wait_committed(client, agent_s3.bucket, run_key, 40, timeout=120)
     assert "aborted 1 unfinished multipart uploads" in again.log()
-    assert not client.list_multipart_uploads(Bucket=s3.bucket, Prefix=run_key).get("Uploads")
+    assert not client.list_multipart_uploads(Bucket=agent_s3.bucket, Prefix=run_key).get("Uploads")
     restored = tmp_path / "restored"
-    result = run_restore(agent_env(s3, uri, restored, TRAININGRUN_RESTORE_STEP="40"))
+    result = run_restore(agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP="40"))
     assert result.returncode == 0, result.stderr
     assert same_tree(src, restored / "checkpoint-40")
 
@@ -218,7 +222,9 @@ def test_endpoint_down_30s_during_upload_then_committed(
         src = make_checkpoint(ckdir, 60, {"model.safetensors": 100 * MiB, "config.json": 500})
         uri = f"s3://{server.s3.bucket}/outage"
         proc = start_sync(
-            syncs, agent_env(server.s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"), tmp_path
+            syncs,
+            agent_env(server.s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"),
+            tmp_path,
         )
         wait_log(proc, "checkpoint-60: uploading", timeout=60)
         time.sleep(1.5)
@@ -242,25 +248,30 @@ def test_endpoint_down_30s_during_upload_then_committed(
 
 
 def test_file_changing_during_upload_is_not_committed_until_stable(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     folder = make_checkpoint(ckdir, 70, {"model.safetensors": 60 * MiB}, marked=False)
     weights = folder / "model.safetensors"
     proc = start_sync(
         syncs,
-        agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"),
+        agent_env(
+            agent_s3,
+            f"s3://{agent_s3.bucket}/{run_key}",
+            ckdir,
+            TRAININGRUN_MAX_BANDWIDTH_MBPS="20",
+        ),
         tmp_path,
     )
     wait_log(proc, "checkpoint-70: uploading", timeout=60)
     with weights.open("ab") as f:  # the trainer is still writing
         f.write(b"y" * MiB)
-    manifest = wait_committed(client, s3.bucket, run_key, 70, timeout=120)
+    manifest = wait_committed(client, agent_s3.bucket, run_key, 70, timeout=120)
     assert "FileChanged" in proc.log()
     ckpt = json.loads(
         client.get_object(
-            Bucket=s3.bucket, Key=f"{run_key}/checkpoints/checkpoint-70/e1/r0/MANIFEST.json"
+            Bucket=agent_s3.bucket, Key=f"{run_key}/checkpoints/checkpoint-70/e1/r0/MANIFEST.json"
         )["Body"].read()
     )
     sizes = {f["path"]: f["size"] for f in ckpt["files"]}
@@ -269,24 +280,24 @@ def test_file_changing_during_upload_is_not_committed_until_stable(
 
 
 def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     make_checkpoint(ckdir, 10, {"model.safetensors": 3 * MiB, "config.json": 500})
-    uri = f"s3://{s3.bucket}/{run_key}"
-    start_sync(syncs, agent_env(s3, uri, ckdir), tmp_path)
-    wait_committed(client, s3.bucket, run_key, 10, timeout=60)
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    start_sync(syncs, agent_env(agent_s3, uri, ckdir), tmp_path)
+    wait_committed(client, agent_s3.bucket, run_key, 10, timeout=60)
     key = f"{run_key}/checkpoints/checkpoint-10/e1/r0/model.safetensors"
-    body = bytearray(client.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    body = bytearray(client.get_object(Bucket=agent_s3.bucket, Key=key)["Body"].read())
     body[len(body) // 2] ^= 0xFF  # one flipped byte, same size
-    client.put_object(Bucket=s3.bucket, Key=key, Body=bytes(body))
+    client.put_object(Bucket=agent_s3.bucket, Key=key, Body=bytes(body))
 
     restored = tmp_path / "restored"
     term = tmp_path / "termination-log"
     result = run_restore(
         agent_env(
-            s3,
+            agent_s3,
             uri,
             restored,
             TRAININGRUN_RESTORE_STEP="10",
@@ -301,8 +312,8 @@ def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
     assert not [p for p in restored.iterdir() if p.name.startswith(".restore")]
 
 
-def test_two_writers_updating_manifest_at_once_lose_nothing(s3: S3, run_key: str) -> None:
-    run = Location(s3.bucket, run_key)
+def test_two_writers_updating_manifest_at_once_lose_nothing(agent_s3: S3, run_key: str) -> None:
+    run = Location(agent_s3.bucket, run_key)
     caps = Capabilities(CRC64NVME, verifies_checksums=True, conditional_writes=True)
     barrier = threading.Barrier(2)
     errors: list[BaseException] = []
@@ -310,11 +321,11 @@ def test_two_writers_updating_manifest_at_once_lose_nothing(s3: S3, run_key: str
     def writer(steps: range) -> None:
         store = Store(
             make_client(
-                s3.endpoint,
-                s3.region,
-                credentials=Credentials(s3.access_key, s3.secret_key),
+                agent_s3.endpoint,
+                agent_s3.region,
+                credentials=Credentials(agent_s3.access_key, agent_s3.secret_key),
             ),
-            s3.bucket,
+            agent_s3.bucket,
         )
         committer = Committer(store, run, caps, keep=1000, epoch=1)
         barrier.wait(timeout=30)
@@ -337,15 +348,15 @@ def test_two_writers_updating_manifest_at_once_lose_nothing(s3: S3, run_key: str
     for t in threads:
         t.join(timeout=120)
     assert not errors, errors
-    manifest = manifest_of(s3.client(), s3.bucket, run_key)
+    manifest = manifest_of(agent_s3.client(), agent_s3.bucket, run_key)
     assert manifest is not None
     assert sorted(e["step"] for e in manifest["entries"]) == list(range(40))
 
 
-def test_name_escaping_the_folder_is_refused(s3: S3, run_key: str, tmp_path: Path) -> None:
-    client = s3.client()
+def test_name_escaping_the_folder_is_refused(agent_s3: S3, run_key: str, tmp_path: Path) -> None:
+    client = agent_s3.client()
     prefix = f"{run_key}/checkpoints/checkpoint-3"
-    client.put_object(Bucket=s3.bucket, Key=f"{prefix}/x", Body=b"evil")
+    client.put_object(Bucket=agent_s3.bucket, Key=f"{prefix}/x", Body=b"evil")
     evil = {
         "version": 1,
         "step": 3,
@@ -355,7 +366,7 @@ def test_name_escaping_the_folder_is_refused(s3: S3, run_key: str, tmp_path: Pat
         ],
     }
     client.put_object(
-        Bucket=s3.bucket, Key=f"{prefix}/MANIFEST.json", Body=json.dumps(evil).encode()
+        Bucket=agent_s3.bucket, Key=f"{prefix}/MANIFEST.json", Body=json.dumps(evil).encode()
     )
     run_manifest = {
         "version": 1,
@@ -371,13 +382,15 @@ def test_name_escaping_the_folder_is_refused(s3: S3, run_key: str, tmp_path: Pat
         ],
     }
     client.put_object(
-        Bucket=s3.bucket, Key=f"{run_key}/manifest.json", Body=json.dumps(run_manifest).encode()
+        Bucket=agent_s3.bucket,
+        Key=f"{run_key}/manifest.json",
+        Body=json.dumps(run_manifest).encode(),
     )
     restored = tmp_path / "a" / "b" / "restored"
     result = run_restore(
         agent_env(
-            s3,
-            f"s3://{s3.bucket}/{run_key}",
+            agent_s3,
+            f"s3://{agent_s3.bucket}/{run_key}",
             restored,
             TRAININGRUN_RESTORE_STEP="3",
             TRAININGRUN_TERMINATION_LOG=str(tmp_path / "term"),
@@ -396,30 +409,35 @@ def test_name_escaping_the_folder_is_refused(s3: S3, run_key: str, tmp_path: Pat
     ],
 )
 def test_untrusted_manifest_is_never_overwritten(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], body: bytes
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], body: bytes
 ) -> None:
-    client = s3.client()
-    client.put_object(Bucket=s3.bucket, Key=f"{run_key}/manifest.json", Body=body)
+    client = agent_s3.client()
+    client.put_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json", Body=body)
     ckdir = tmp_path / "ck"
     make_checkpoint(ckdir, 10, {"weights.bin": MiB})
-    proc = start_sync(syncs, agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir), tmp_path)
+    proc = start_sync(
+        syncs, agent_env(agent_s3, f"s3://{agent_s3.bucket}/{run_key}", ckdir), tmp_path
+    )
     wait_log(proc, "ManifestError", timeout=60)
     assert proc.terminate() == 0
     assert (
-        client.get_object(Bucket=s3.bucket, Key=f"{run_key}/manifest.json")["Body"].read() == body
+        client.get_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json")["Body"].read()
+        == body
     )
     assert "manifest.json" in proc.log()
 
 
 def test_sigterm_drains_the_newest_checkpoint(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    client = s3.client()
+    client = agent_s3.client()
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
     proc = start_sync(
         syncs,
-        agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_QUIET_SECONDS="600"),
+        agent_env(
+            agent_s3, f"s3://{agent_s3.bucket}/{run_key}", ckdir, TRAININGRUN_QUIET_SECONDS="600"
+        ),
         tmp_path,
     )
     wait_log(proc, "endpoint:", timeout=60)
@@ -427,12 +445,12 @@ def test_sigterm_drains_the_newest_checkpoint(
     # trainer_state.json as complete without waiting for the quiet period.
     make_checkpoint(ckdir, 50, {"model.safetensors": 50 * MiB}, marked=False)
     assert proc.terminate(timeout=90) == 0
-    manifest = manifest_of(client, s3.bucket, run_key)
+    manifest = manifest_of(client, agent_s3.bucket, run_key)
     assert manifest is not None and manifest["latest"] == 50
 
 
 def test_preemption_notice_becomes_a_save_request(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
     ckdir = tmp_path / "ck"
     podinfo = tmp_path / "podinfo"
@@ -440,7 +458,12 @@ def test_preemption_notice_becomes_a_save_request(
     (podinfo / "annotations").write_text('kubectl.kubernetes.io/last-applied="{}"\n')
     start_sync(
         syncs,
-        agent_env(s3, f"s3://{s3.bucket}/{run_key}", ckdir, TRAININGRUN_PODINFO_DIR=str(podinfo)),
+        agent_env(
+            agent_s3,
+            f"s3://{agent_s3.bucket}/{run_key}",
+            ckdir,
+            TRAININGRUN_PODINFO_DIR=str(podinfo),
+        ),
         tmp_path,
     )
     time.sleep(3)
@@ -455,13 +478,15 @@ def test_preemption_notice_becomes_a_save_request(
 
 
 def test_wrong_credentials_and_missing_bucket_are_named(
-    s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
-    wrong = S3(s3.endpoint, s3.access_key, "not-the-secret", s3.region, s3.bucket)
+    wrong = S3(
+        agent_s3.endpoint, agent_s3.access_key, "not-the-secret", agent_s3.region, agent_s3.bucket
+    )
     result = run_restore(
         agent_env(
             wrong,
-            f"s3://{s3.bucket}/{run_key}",
+            f"s3://{agent_s3.bucket}/{run_key}",
             tmp_path / "r",
             TRAININGRUN_RESTORE_STEP="1",
             TRAININGRUN_TERMINATION_LOG=str(tmp_path / "t1"),
@@ -473,7 +498,7 @@ def test_wrong_credentials_and_missing_bucket_are_named(
 
     result = run_restore(
         agent_env(
-            s3,
+            agent_s3,
             "s3://no-such-bucket-here/x",
             tmp_path / "r",
             TRAININGRUN_RESTORE_STEP="1",
@@ -484,7 +509,7 @@ def test_wrong_credentials_and_missing_bucket_are_named(
     assert "bucket 'no-such-bucket-here' does not exist" in (tmp_path / "t2").read_text()
 
     proc = start_sync(
-        syncs, agent_env(wrong, f"s3://{s3.bucket}/{run_key}", tmp_path / "ck"), tmp_path
+        syncs, agent_env(wrong, f"s3://{agent_s3.bucket}/{run_key}", tmp_path / "ck"), tmp_path
     )
     wait_log(proc, "access denied", timeout=60)
     assert proc.proc.poll() is None  # keeps retrying: the trainer is never blocked

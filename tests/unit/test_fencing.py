@@ -26,7 +26,8 @@ from moto import mock_aws
 
 from tests.unit.fakes import DictStore
 from trainingrun import local
-from trainingrun.commit import take_fence
+from trainingrun.checksum import CRC64NVME
+from trainingrun.commit import Capabilities, Committer, take_fence
 from trainingrun.committed import choose_checkpoint, read_run_manifest
 from trainingrun.protocol import Fenced
 from trainingrun.restore import RestoreSettings, restore
@@ -171,3 +172,20 @@ def test_the_fence_is_taken_on_an_endpoint_that_refuses_conditions() -> None:
     assert (manifest.fence, manifest.fence_holder, epoch) == (1, f"{UID}/1", 1)
     assert take_fence(store, RUN, UID, 1)[1] == 1
     assert take_fence(store, RUN, UID, 2)[1] == 2
+
+
+def test_a_sweep_of_some_steps_lists_and_deletes_only_their_folders() -> None:
+    bucket = DictStore()
+    store = cast(Store, bucket)
+    take_fence(store, RUN, UID, 1)
+    manifest, epoch2 = take_fence(store, RUN, UID, 2)
+    left = [RUN.key(f"checkpoints/checkpoint-{step}/e1/r0/model.bin") for step in (10, 20)]
+    for key in left:
+        bucket.put(key, b"old")
+    caps = Capabilities(CRC64NVME, verifies_checksums=True, conditional_writes=True)
+    committer = Committer(store, RUN, caps, keep=3, epoch=epoch2)
+
+    assert committer.sweep(manifest, (), steps=[10]) == 1
+    assert sorted(bucket.objects) == sorted([RUN.key("manifest.json"), left[1]])
+    assert committer.sweep(manifest) == 1  # all folders: what the sidecar does at its start
+    assert list(bucket.objects) == [RUN.key("manifest.json")]
