@@ -306,10 +306,16 @@ class Committer:
             found[rank] = part
         return found
 
-    def try_commit(self, step: int, attempt: int = 0) -> Outcome:
+    def try_commit(
+        self,
+        step: int,
+        attempt: int = 0,
+        read: tuple[RunManifest | None, str | None] | None = None,
+    ) -> Outcome:
         """Commits ``step`` when all ranks' parts of this epoch are there, by compare-and-swap
-        while the fence is this epoch. Raises Fenced, StorageError, ManifestError."""
-        manifest, etag = self.read()
+        while the fence is this epoch. ``read``: the manifest and ETag the caller has just
+        read, else it is read here. Raises Fenced, StorageError, ManifestError."""
+        manifest, etag = read if read is not None else self.read()
         self.check_fence(manifest)
         done = next((e for e in manifest.entries if e.step == step), None) if manifest else None
         if done is not None:

@@ -45,12 +45,7 @@ class Committed:
 
     entry: ManifestEntry
     parts: list[tuple[str, CheckpointManifest]]  # (part prefix relative to the run, record)
-
-    @property
-    def files(self) -> list[tuple[str, FileEntry]]:
-        """(key relative to the run prefix, file) of every file; raises ManifestError when two
-        ranks wrote one path with different bytes."""
-        return merged_files(self.parts)
+    files: list[tuple[str, FileEntry]]  # (key relative to the run prefix, file), all ranks'
 
     @property
     def total_bytes(self) -> int:
@@ -58,15 +53,16 @@ class Committed:
 
 
 def read_committed(store: Store, run: Location, entry: ManifestEntry) -> Committed:
-    """The parts of a committed entry. Raises ManifestError naming a part that is missing or
-    malformed."""
+    """The parts of a committed entry and the files they hold together. Raises ManifestError
+    naming a part that is missing or malformed, or two ranks that wrote one path with
+    different bytes."""
     parts = []
     for rank, prefix in enumerate(entry.part_prefixes):
         part = read_part(store, run, entry.step, entry.epoch, rank)
         if part is None:
             raise ManifestError(f"{prefix}{CHECKPOINT_MANIFEST} is missing")
         parts.append((prefix, part))
-    return Committed(entry, parts)
+    return Committed(entry, parts, merged_files(parts))
 
 
 @dataclass(frozen=True)
@@ -105,7 +101,6 @@ def check_committed(
     (None, why)."""
     try:
         ckpt = read_committed(store, run, entry)
-        ckpt.files  # noqa: B018 - raises when two ranks disagree on a file
     except ManifestError as e:
         return None, str(e)
     problems: list[str] = []

@@ -140,15 +140,6 @@ class Kube:
             raise
         return created, True
 
-    def delete_pod(self, namespace: str, name: str, grace_seconds: int | None = None) -> None:
-        try:
-            self.core.delete_namespaced_pod(
-                name, namespace, grace_period_seconds=grace_seconds, propagation_policy="Background"
-            )
-        except ApiException as e:
-            if e.status != 404:
-                raise
-
     def delete_pod_by_uid(
         self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None
     ) -> bool:

@@ -59,8 +59,8 @@ def take_fence(
     manifest is written back as version 2 with its entries as they are."""
     before = manifest or RunManifest(version=MANIFEST_VERSION)
     mine = holder_of(run_uid, attempt)
-    if before.fence_holder == mine and before.fence:
-        if before.version == MANIFEST_VERSION and manifest is not None:
+    if before.fence_holder == mine and before.fence:  # only a manifest read can hold it
+        if before.version == MANIFEST_VERSION:
             return None, before.fence
         return before.model_copy(update={"version": MANIFEST_VERSION}), before.fence
     held_uid, _, held_attempt = before.fence_holder.rpartition("/")

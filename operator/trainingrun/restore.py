@@ -29,7 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from trainingrun import checksum, local
-from trainingrun.committed import Committed, read_committed
+from trainingrun.committed import read_committed
 from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_ERROR, EXIT_OK
 from trainingrun.manifest import (
     RUN_MANIFEST,
@@ -102,8 +102,7 @@ def read_checkpoint(store: Store, s: RestoreSettings) -> list[tuple[str, FileEnt
         entry = next((e for e in manifest.entries if e.step == s.step), None)
         if entry is None:
             raise CheckpointBad(f"{what} is not committed in {RUN_MANIFEST}")
-        committed: Committed = read_committed(store, s.run, entry)
-        return committed.files
+        return read_committed(store, s.run, entry).files
     except ManifestError as e:
         raise CheckpointBad(f"{what}: {e}") from e
 

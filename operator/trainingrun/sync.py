@@ -112,7 +112,7 @@ class Sync:
         self.committer: Committer | None = None
         self.committed: list[int] = []
         self.parts_written: set[int] = set()  # steps whose part this sidecar wrote
-        self.fenced: Fenced | None = None
+        self.fenced: Fenced | StaleAttempt | None = None
         self.seen_complete: dict[int, float] = {}
         self.notice = NoticeRelay(settings.podinfo_dir, settings.checkpoint_dir, self.metrics)
         self.transfer = Transfer(store, settings.transfer)
@@ -142,21 +142,22 @@ class Sync:
         aborted = self.committer.abort_stale_uploads()
         if aborted:
             log.info("aborted %d unfinished multipart uploads of an earlier sync", aborted)
-        self.refresh_committed()
-        manifest, _ = self.committer.read()
+        manifest, _ = self.refresh_committed()
         if manifest is not None:  # what older attempts left, once; later only the steps it commits
             sweep(self.committer, manifest, [], self.metrics)
 
-    def refresh_committed(self) -> None:
-        """The committed steps, read again; raises Fenced when a newer epoch holds the fence."""
+    def refresh_committed(self) -> tuple[RunManifest | None, str | None]:
+        """The committed steps, read again; returns the manifest read and its ETag. Raises
+        Fenced when a newer epoch holds the fence."""
         assert self.committer is not None
-        manifest, _ = self.committer.read()
+        manifest, etag = self.committer.read()
         self.committer.check_fence(manifest)
         self.committed = sorted(e.step for e in manifest.entries) if manifest else []
         if self.committed:
             self.metrics.last_step.set(self.committed[-1])
+        return manifest, etag
 
-    def on_fenced(self, e: Fenced) -> None:
+    def on_fenced(self, e: Fenced | StaleAttempt) -> None:
         """A newer attempt holds the fence: stop uploading for good (the pod is an old
         attempt's, on its way out)."""
         if self.fenced is None:
@@ -186,7 +187,7 @@ class Sync:
                 self._failed(e)
                 self.stopping.wait(backoff * random.uniform(0.5, 1.0))  # noqa: S311
                 backoff = min(backoff * 2, self.s.max_backoff_seconds)
-            except Fenced as e:  # from start()
+            except (Fenced, StaleAttempt) as e:  # from start()
                 self.on_fenced(e)
                 self.stopping.wait()  # nothing more to do here until the pod stops
             except Cancelled:
@@ -218,7 +219,7 @@ class Sync:
                         started = True
                     self.sync_once(trainer_gone=True, newest_only=True)
                     break
-                except Fenced as e:  # from start()
+                except (Fenced, StaleAttempt) as e:  # from start()
                     self.on_fenced(e)
                     break
                 except Cancelled:
@@ -277,14 +278,15 @@ class Sync:
         parts are there. The committed steps are read first: another rank or a restarted
         sidecar may have committed it meanwhile."""
         assert self.committer is not None
-        self.refresh_committed()
+        read: tuple[RunManifest | None, str | None] | None = self.refresh_committed()
         if ckpt.step in self.committed:
             return
         started = time.monotonic()
         if ckpt.step not in self.parts_written:
             self.upload_part(ckpt)
             self.parts_written.add(ckpt.step)
-        outcome = self.committer.try_commit(ckpt.step, self.s.attempt)
+            read = None  # the upload took a while: the commit reads the manifest afresh
+        outcome = self.committer.try_commit(ckpt.step, self.s.attempt, read)
         self.after_commit(ckpt, outcome, started)
 
     def upload_part(self, ckpt: LocalCheckpoint) -> None:
@@ -350,10 +352,7 @@ class Sync:
 def take_own_fence(store: Store, s: SyncSettings) -> int:
     """The epoch of a sync started by hand (no ``TRAININGRUN_EPOCH``): it takes the fence."""
     holder = f"sync@{socket.gethostname()}"
-    try:
-        _, epoch = take_fence(store, s.run, holder, s.attempt or 1)
-    except StaleAttempt as e:
-        raise Fenced(0, 0, str(e)) from e
+    _, epoch = take_fence(store, s.run, holder, s.attempt or 1)  # raises StaleAttempt
     log.info("no epoch given: took the run's fence, epoch %d", epoch)
     return epoch
 

@@ -26,7 +26,7 @@ APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
         ("", "pods", "list"),  # kopf watch of run pods; Kube.run_pods_on_node
         ("", "pods", "watch"),
         ("", "pods", "create"),  # Kube.create_pod
-        ("", "pods", "delete"),  # Kube.delete_pod
+        ("", "pods", "delete"),  # Kube.delete_pod_by_uid
         ("", "pods", "patch"),  # Kube.annotate_pod (the preemption notice)
         ("", "secrets", "get"),  # Kube.get_secret_data (credentialsSecret)
         ("", "events", "create"),  # Kube.event

@@ -8,6 +8,10 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+from tests.podrunner.node import TOLERATION
+from trainingrun.contract import TRAINER_CONTAINER
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,3 +43,36 @@ def uninterrupted(work: Path, max_steps: int, save_steps: int) -> tuple[bytes, d
     assert proc.returncode == 0, proc.stderr.decode()[-2000:]
     weights = (work / "ck" / f"checkpoint-{max_steps}" / "model.safetensors").read_bytes()
     return weights, losses(work / "loss.jsonl")
+
+
+def pod_spec(
+    loss_dir: Path, nodes: list[str], max_steps: int, save_steps: int, step_delay: float
+) -> dict[str, Any]:
+    """The pod template's spec of a TrainingRun of the example on the test's own runner nodes
+    (other tests may run pod runners of their own); each attempt logs its losses to
+    ``<loss_dir>/loss-<attempt>.jsonl``."""
+    hostnames = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
+    return {
+        "affinity": {
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {
+                    "nodeSelectorTerms": [{"matchExpressions": [hostnames]}]
+                }
+            }
+        },
+        "tolerations": [dict(TOLERATION)],
+        "containers": [
+            {
+                "name": TRAINER_CONTAINER,
+                "image": "example.invalid/finetune:1",  # the pod runner runs the command locally
+                "workingDir": str(REPO),
+                "command": ["python", "examples/finetune.py"],
+                "args": [
+                    f"--max-steps={max_steps}",
+                    f"--save-steps={save_steps}",
+                    f"--step-delay={step_delay}",
+                    f"--loss-log={loss_dir}/loss-$(TRAININGRUN_ATTEMPT).jsonl",
+                ],
+            }
+        ],
+    }

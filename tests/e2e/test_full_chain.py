@@ -23,16 +23,14 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.example import losses, uninterrupted
+from tests.e2e.example import losses, pod_spec, uninterrupted
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
-from tests.podrunner.node import TOLERATION
 from trainingrun.manifest import parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
 
-REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS, SAVE_STEPS, STEP_DELAY = 60, 10, 0.25
 SEED = int(os.environ.get("TRAININGRUN_E2E_SEED", "20261122"))
 
@@ -48,37 +46,7 @@ def finetune_run(
 ) -> dict[str, Any]:
     body = trainingrun(name, env, prefix, restart_policy={"maxRestarts": 5})
     body["spec"]["preemption"] = {"terminationGracePeriodSeconds": 60}
-    body["spec"]["template"]["spec"] = {
-        # This test's runner nodes only: other tests may run pod runners of their own.
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [
-                        {
-                            "matchExpressions": [
-                                {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
-                            ]
-                        }
-                    ]
-                }
-            }
-        },
-        "tolerations": [dict(TOLERATION)],
-        "containers": [
-            {
-                "name": "trainer",
-                "image": "example.invalid/finetune:1",  # the pod runner runs the command locally
-                "workingDir": str(REPO),
-                "command": ["python", "examples/finetune.py"],
-                "args": [
-                    f"--max-steps={MAX_STEPS}",
-                    f"--save-steps={SAVE_STEPS}",
-                    f"--step-delay={STEP_DELAY}",
-                    f"--loss-log={loss_dir}/loss-$(TRAININGRUN_ATTEMPT).jsonl",
-                ],
-            }
-        ],
-    }
+    body["spec"]["template"]["spec"] = pod_spec(loss_dir, nodes, MAX_STEPS, SAVE_STEPS, STEP_DELAY)
     return body
 
 

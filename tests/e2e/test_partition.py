@@ -27,19 +27,18 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.example import losses, uninterrupted
+from tests.e2e.example import losses, pod_spec, uninterrupted
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv, s3_client
 from tests.podrunner import RunnerHandle
-from tests.podrunner.node import TOLERATION
 from trainingrun import checksum
 from trainingrun.contract import CHECKPOINT_VOLUME, SYNC_CONTAINER, TRAINER_CONTAINER
 from trainingrun.decide import reasons as R
 from trainingrun.local import COMPLETE_MARKER
+from trainingrun.manifest import ManifestEntry, RunManifest, parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
 
-REPO = Path(__file__).resolve().parents[2]
 # Attempt 1 must still train a minute after attempt 2 started, from about step 35 on (startup
 # and the resubmission take ~10 s at 2 steps a second): 200 steps leave it ~40 s to spare.
 MAX_STEPS, SAVE_STEPS, STEP_DELAY = 200, 10, 0.5
@@ -63,47 +62,12 @@ def partition_run(
     body = trainingrun(name, env, prefix, restart_policy={"maxRestarts": 0})
     body["spec"]["checkpoint"]["keep"] = 1000
     body["spec"]["preemption"] = {"terminationGracePeriodSeconds": GRACE_S}
-    hostnames = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
-    body["spec"]["template"]["spec"] = {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [hostnames]}]
-                }
-            }
-        },
-        "tolerations": [dict(TOLERATION)],
-        "containers": [
-            {
-                "name": TRAINER_CONTAINER,
-                "image": "example.invalid/finetune:1",  # the pod runner runs the command locally
-                "workingDir": str(REPO),
-                "command": ["python", "examples/finetune.py"],
-                "args": [
-                    f"--max-steps={MAX_STEPS}",
-                    f"--save-steps={SAVE_STEPS}",
-                    f"--step-delay={STEP_DELAY}",
-                    f"--loss-log={loss_dir}/loss-$(TRAININGRUN_ATTEMPT).jsonl",
-                ],
-            }
-        ],
-    }
+    body["spec"]["template"]["spec"] = pod_spec(loss_dir, nodes, MAX_STEPS, SAVE_STEPS, STEP_DELAY)
     return body
 
 
 # ---------------------------------------------------------------------------------------------
 # the bucket, watched while it changes
-
-
-def attempt_of(entry: dict[str, Any]) -> int:
-    """The attempt that wrote a committed entry (its epoch where the attempt is not recorded:
-    on a fresh prefix the two are the same)."""
-    return int(entry.get("attempt") or entry.get("epoch") or 0)
-
-
-def part_prefixes(run_key: str, entry: dict[str, Any]) -> list[str]:
-    """Keys of the folders of an entry's parts: ``<prefix>r<rank>/``."""
-    return [f"{run_key}/{entry['prefix']}r{rank}/" for rank in range(int(entry.get("ranks", 1)))]
 
 
 @dataclass
@@ -112,7 +76,7 @@ class Seen:
     MANIFEST.json files said then: object key -> (size, algorithm, checksum), and the sha256
     of each MANIFEST.json."""
 
-    entry: dict[str, Any]
+    entry: ManifestEntry
     poll: int
     objects: dict[str, tuple[int, str, str]] = field(default_factory=dict)
     manifests: dict[str, str] = field(default_factory=dict)
@@ -127,7 +91,6 @@ class ManifestWatch:
         self.bucket, self.run_key = env.bucket, run_key
         self.fences: list[int] = []  # per poll
         self.entries: dict[int, Seen] = {}  # step -> first sight
-        self.latest: dict[str, Any] = {}
         self._stop = threading.Event()
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="manifest-watch", daemon=True)
@@ -154,7 +117,7 @@ class ManifestWatch:
         return self.fences[-1] if self.fences else 0
 
     def steps(self, attempt: int) -> list[int]:
-        return sorted(s for s, seen in self.entries.items() if attempt_of(seen.entry) == attempt)
+        return sorted(s for s, seen in self.entries.items() if seen.entry.attempt == attempt)
 
     def _run(self) -> None:
         deadline = time.monotonic() + WATCH_LIMIT_S
@@ -173,17 +136,16 @@ class ManifestWatch:
 
     def _poll(self) -> None:
         data = self._get(f"{self.run_key}/manifest.json")
-        manifest = json.loads(data) if data else {}
+        manifest = parse_run_manifest(data) if data else RunManifest()
         poll = len(self.fences)
-        self.fences.append(int(manifest.get("fence", 0)))
-        self.latest = manifest
-        for entry in manifest.get("entries") or []:
-            if entry["step"] not in self.entries:
-                self.entries[entry["step"]] = self._record(entry, poll)
+        self.fences.append(manifest.fence)
+        for entry in manifest.entries:
+            if entry.step not in self.entries:
+                self.entries[entry.step] = self._record(entry, poll)
 
-    def _record(self, entry: dict[str, Any], poll: int) -> Seen:
+    def _record(self, entry: ManifestEntry, poll: int) -> Seen:
         seen = Seen(entry=entry, poll=poll)
-        for part in part_prefixes(self.run_key, entry):
+        for part in (f"{self.run_key}/{p}" for p in entry.part_prefixes):
             data = self._get(part + "MANIFEST.json")
             assert data is not None, f"{part}MANIFEST.json missing for a committed entry"
             seen.manifests[part + "MANIFEST.json"] = hashlib.sha256(data).hexdigest()
@@ -198,7 +160,7 @@ def late_entries(watch: ManifestWatch, attempt: int, fence: int) -> list[int]:
     return [
         step
         for step, seen in sorted(watch.entries.items())
-        if attempt_of(seen.entry) == attempt and seen.poll and watch.fences[seen.poll - 1] > fence
+        if seen.entry.attempt == attempt and seen.poll and watch.fences[seen.poll - 1] > fence
     ]
 
 
@@ -399,8 +361,8 @@ def test_partitioned_attempt_commits_nothing_and_changes_no_committed_byte(
 
     assert MAX_STEPS in scene.watch.entries, f"step {MAX_STEPS} never committed"
     final = scene.watch.entries[MAX_STEPS].entry
-    assert attempt_of(final) == 2
-    key = part_prefixes(scene.run_key, final)[0] + "model.safetensors"
+    assert final.attempt == 2
+    key = f"{scene.run_key}/{final.part_prefixes[0]}model.safetensors"
     assert s3.get_object(Bucket=localenv.bucket, Key=key)["Body"].read() == weights
     trained = losses(tmp_path / "loss-2.jsonl")
     assert sorted(trained) == list(range(scene.first_step(2), MAX_STEPS + 1))

@@ -6,12 +6,16 @@ manifest and checkpoints live in. ``Clock`` is the wall clock and the monotonic 
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any, cast
+
+import pytest
+from moto import mock_aws
 
 from tests.unit.builders import T0
 from trainingrun.api import StorageSpec
@@ -26,7 +30,7 @@ from trainingrun.manifest import (
     checkpoint_prefix,
     parse_run_manifest,
 )
-from trainingrun.storage import Credentials, Location, PreconditionFailed, Store
+from trainingrun.storage import Credentials, Location, PreconditionFailed, Store, make_client
 
 FILES = {"model.safetensors": b"weights" * 10, "trainer_state.json": b"{}"}
 
@@ -310,3 +314,19 @@ class FakeBucket(DictStore):
             }
         )
         self.put(run.key(RUN_MANIFEST), manifest.to_json())
+
+
+@contextlib.contextmanager
+def moto_s3(*buckets: str) -> Iterator[Any]:
+    """moto's in-memory S3 (it honours If-None-Match and If-Match) and a client of it with
+    ``buckets`` created, with no AWS setting of the machine in the way; no network."""
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_CONFIG_FILE"):
+            mp.delenv(name, raising=False)
+        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
+            mp.setenv(name, "testing")
+        with mock_aws():
+            client = make_client(region="us-east-1")
+            for bucket in buckets:
+                client.create_bucket(Bucket=bucket)
+            yield client

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from moto import mock_aws
 
+from tests.unit.fakes import moto_s3
 from trainingrun import commit
 from trainingrun.checksum import CRC64NVME
 from trainingrun.commit import Capabilities, Committer, Outcome, take_fence
@@ -49,7 +49,7 @@ from trainingrun.manifest import (
     part_prefix,
 )
 from trainingrun.protocol import Fenced, StaleAttempt
-from trainingrun.storage import Location, PreconditionFailed, StorageUnavailable, Store, make_client
+from trainingrun.storage import Location, PreconditionFailed, StorageUnavailable, Store
 
 BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
@@ -63,15 +63,8 @@ OTHER_SUM = "AQEBAQEBAQE="
 @pytest.fixture(scope="module")
 def moto_client() -> Iterator[Any]:
     """One in-memory S3 and client for the module (making a client takes about a second)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_CONFIG_FILE"):
-            mp.delenv(name, raising=False)
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-            mp.setenv(name, "testing")
-        with mock_aws():
-            c = make_client(region="us-east-1")
-            c.create_bucket(Bucket=BUCKET)
-            yield c
+    with moto_s3(BUCKET) as client:
+        yield client
 
 
 @pytest.fixture

@@ -22,16 +22,15 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from moto import mock_aws
 
-from tests.unit.fakes import DictStore
+from tests.unit.fakes import DictStore, moto_s3
 from trainingrun import local
 from trainingrun.checksum import CRC64NVME
 from trainingrun.commit import Capabilities, Committer, take_fence
 from trainingrun.committed import choose_checkpoint, read_run_manifest
 from trainingrun.protocol import Fenced
 from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Location, StorageRejected, Store, make_client
+from trainingrun.storage import Location, StorageRejected, Store
 from trainingrun.sync import Sync, SyncSettings
 
 BUCKET = "ckpt"
@@ -41,15 +40,8 @@ UID = "0f3c-run"
 
 @pytest.fixture
 def store() -> Iterator[Store]:
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_CONFIG_FILE"):
-            mp.delenv(name, raising=False)
-        mp.setenv("AWS_ACCESS_KEY_ID", "testing")
-        mp.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-        with mock_aws():
-            client = make_client(region="us-east-1")
-            client.create_bucket(Bucket=BUCKET)
-            yield Store(client, BUCKET)
+    with moto_s3(BUCKET) as client:
+        yield Store(client, BUCKET)
 
 
 def _save(folder: Path, step: int, attempt: int) -> None:

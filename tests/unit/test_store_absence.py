@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from moto import mock_aws
 
-from trainingrun.storage import BucketNotFound, NotFound, Store, make_client
+from tests.unit.fakes import moto_s3
+from trainingrun.storage import BucketNotFound, NotFound, Store
 
 # "bucket" in the bucket's name or in the key: a missing key must still read as a missing key.
 NAMED_BUCKET, PLAIN_BUCKET = "my-bucket", "ckpt"
@@ -27,16 +27,8 @@ READS = ["get", "get_with_etag", "head"]
 @pytest.fixture(scope="module")
 def moto_client() -> Iterator[Any]:
     """One in-memory S3 with both buckets (making a client takes about a second)."""
-    with pytest.MonkeyPatch.context() as mp:
-        for name in ("AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3", "AWS_PROFILE", "AWS_CONFIG_FILE"):
-            mp.delenv(name, raising=False)
-        for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"):
-            mp.setenv(name, "testing")
-        with mock_aws():
-            c = make_client(region="us-east-1")
-            for bucket in (NAMED_BUCKET, PLAIN_BUCKET):
-                c.create_bucket(Bucket=bucket)
-            yield c
+    with moto_s3(NAMED_BUCKET, PLAIN_BUCKET) as client:
+        yield client
 
 
 @pytest.mark.parametrize("read", READS)
