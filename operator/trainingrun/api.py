@@ -152,6 +152,31 @@ class PreemptionSpec(_Model):
     )
 
 
+class GangSpec(_Model):
+    """How the pods of one attempt find each other and start together (replicas > 1)."""
+
+    master_port: int = Field(
+        default=29500,
+        ge=1,
+        le=65535,
+        description=(
+            "Port of rank 0's rendezvous, as PET_MASTER_PORT in every trainer container "
+            "(torchrun's --master-port)."
+        ),
+    )
+    start_timeout_seconds: int = Field(
+        default=600,
+        ge=10,
+        le=86400,
+        description=(
+            "Longest time some pods of an attempt may run while another one is not scheduled; "
+            "then the attempt ends as failed (reason GangNotScheduled) and is retried after the "
+            "backoff. A gang none of whose pods is scheduled waits without limit: queueing is "
+            "the cluster's (Kueue's, a gang scheduler's) job."
+        ),
+    )
+
+
 class TrainingRunSpec(_Model):
     """Desired state of a TrainingRun."""
 
@@ -161,6 +186,22 @@ class TrainingRunSpec(_Model):
             "adds the restore init container, the sync sidecar, the checkpoint volume and the "
             "TRAININGRUN_* environment."
         ),
+    )
+    replicas: int = Field(
+        default=1,
+        ge=1,
+        le=1024,
+        description=(
+            "Pods of one attempt, one per node, each from the same template: a gang that is "
+            "started, ended and resumed as one. Above 1, pods are named <run>-<attempt>-<rank>, "
+            "a headless Service <run> gives rank 0 a DNS name, and each trainer container gets "
+            "torchrun's PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR and PET_MASTER_PORT."
+        ),
+    )
+    gang: GangSpec = Field(
+        default_factory=GangSpec,
+        json_schema_extra={"default": GangSpec().model_dump(by_alias=True)},
+        description="Rendezvous port and start timeout of a gang (replicas > 1).",
     )
     checkpoint: CheckpointSpec = Field(description="Checkpoint location and retention.")
     restart_policy: RestartPolicySpec = Field(
@@ -247,7 +288,10 @@ class TrainingRunStatus(_Model):
     ] = Field(default_factory=list, description="Steps whose checkpoint failed verification.")
     active_pod: str | None = Field(
         default=None,
-        description="Name of the pod of the current attempt (<run>-<attempt>), while it exists.",
+        description=(
+            "Name of the pod of the current attempt (<run>-<attempt>), or of its rank 0 "
+            "(<run>-<attempt>-0) when replicas > 1, while the attempt runs."
+        ),
     )
     resume_step: int | None = Field(
         default=None, description="Step the current attempt resumed from."

@@ -30,6 +30,7 @@ _POD_METADATA = (
     "namespace",
     "uid",
     "resourceVersion",
+    "creationTimestamp",  # a gang's pod not scheduled within its start timeout
     "labels",
     "annotations",
     "deletionTimestamp",

@@ -27,6 +27,7 @@ PODINFO_ANNOTATIONS = "annotations"
 
 LABEL_RUN = "trainingrun.dev/run"
 LABEL_ATTEMPT = "trainingrun.dev/attempt"
+LABEL_RANK = "trainingrun.dev/rank"  # the pod's rank in its attempt's gang (replicas > 1 only)
 # The step an attempt's pod resumes from: the record of it even when a status write was lost.
 ANNOTATION_RESUME_STEP = "trainingrun.dev/resume-step"
 # Set by the operator on a pod whose node carries a notice taint; the sidecar's cue to save.
@@ -41,6 +42,13 @@ ENV_CHECKPOINT_DIR = "TRAININGRUN_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "TRAININGRUN_RESUME_FROM"  # local folder of the restored checkpoint, or ""
 ENV_RESUME_STEP = "TRAININGRUN_RESUME_STEP"
 ENV_RESUME_URI = "TRAININGRUN_RESUME_URI"
+ENV_REPLICAS = "TRAININGRUN_REPLICAS"  # pods of the attempt (replicas > 1 only; with ENV_RANK)
+# torchrun's environment (the defaults of its --nnodes, --node-rank, --master-addr and
+# --master-port), as Kubeflow Trainer sets it: users run torchrun with no node arguments.
+ENV_PET_NNODES = "PET_NNODES"
+ENV_PET_NODE_RANK = "PET_NODE_RANK"
+ENV_PET_MASTER_ADDR = "PET_MASTER_ADDR"
+ENV_PET_MASTER_PORT = "PET_MASTER_PORT"
 
 # The agents' (sync and restore) settings, set by the pod builder.
 ENV_STORAGE_URI = "TRAININGRUN_STORAGE_URI"  # the run's prefix: <uri>/<namespace>/<run>

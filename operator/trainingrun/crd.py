@@ -112,6 +112,15 @@ RULES: dict[str, list[dict[str, str]]] = {
             ),
         },
     ],
+    "replicas": [
+        {
+            "rule": "self == oldSelf",
+            "message": (
+                "spec.replicas cannot change while the run exists: delete the run and create it "
+                "again with the new number (it resumes from its newest committed checkpoint)"
+            ),
+        },
+    ],
     "checkpoint.storage": [
         {
             "rule": "self.uri.startsWith('s3://')",
@@ -149,6 +158,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
     {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.latestCheckpoint.step"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]

@@ -21,7 +21,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from trainingrun import api
-from trainingrun.contract import rfc3339
+from trainingrun.contract import LABEL_ATTEMPT, LABEL_RANK, LABEL_RUN, rfc3339
 
 
 class Invalid(Exception):
@@ -140,6 +140,29 @@ class Kube:
             raise
         return created, True
 
+    def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        """Creates the Service, or returns the one that exists under its name. (service,
+        created)."""
+        meta = service["metadata"]
+        try:
+            created = _json(
+                self.core.create_namespaced_service(
+                    meta["namespace"], service, _preload_content=False
+                )
+            )
+        except ApiException as e:
+            if e.status == 409:
+                existing = self.core.read_namespaced_service(
+                    meta["name"], meta["namespace"], _preload_content=False
+                )
+                return _json(existing), False
+            if e.status in (400, 422):
+                raise Invalid(_message(e)) from e
+            if e.status == 403:
+                raise Forbidden(_message(e)) from e
+            raise
+        return created, True
+
     def delete_pod_by_uid(
         self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None
     ) -> bool:
@@ -183,6 +206,17 @@ class Kube:
         return list(pods.get("items") or [])
 
     # -- Nodes and Secrets ------------------------------------------------------------------
+
+    def attempt_pods(self, namespace: str, run: str, attempt: int) -> list[dict[str, Any]]:
+        """The pods of one attempt of a run, by their labels (the user CLI's status)."""
+        selector = f"{LABEL_RUN}={run},{LABEL_ATTEMPT}={attempt}"
+        pods = _json(
+            self.core.list_namespaced_pod(
+                namespace, label_selector=selector, _preload_content=False
+            )
+        )
+        items = list(pods.get("items") or [])
+        return sorted(items, key=lambda pod: int(pod["metadata"]["labels"].get(LABEL_RANK, 0)))
 
     def get_node(self, name: str) -> dict[str, Any] | None:
         try:

@@ -7,12 +7,13 @@ reads (downward API) and turns into a "save now" request to the trainer.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Protocol
 
 from trainingrun.api import TrainingRunSpec
 from trainingrun.contract import ANNOTATION_NOTICE, LABEL_RUN
 from trainingrun.decide.classify import node_not_ready, node_notice
+from trainingrun.decide.gang import Member
 
 Key = tuple[str, str]  # (namespace, run name)
 
@@ -67,18 +68,25 @@ class Notices:
             runs.append((meta["namespace"], meta["labels"][LABEL_RUN]))
         return runs
 
-    def pass_on(
-        self, pod: Mapping[str, Any] | None, node: Mapping[str, Any] | None, spec: TrainingRunSpec
-    ) -> None:
-        """Annotates a running pod whose node carries one of the run's own notice taints (the
-        node handler does it for the operator-wide ones, at once)."""
-        if pod is None or node is None:
+    def pass_on(self, members: Sequence[Member], spec: TrainingRunSpec) -> None:
+        """A notice on one pod of the attempt reaches every running pod of it: the pod whose
+        node carries one of the run's own notice taints (the node handler annotates pods on a
+        node with an operator-wide one at once), and a gang's other pods, so that every rank
+        saves at the same step end while all are alive."""
+        notice = None
+        for m in members:
+            annotations = ((m.pod or {}).get("metadata") or {}).get("annotations") or {}
+            notice = annotations.get(ANNOTATION_NOTICE) or (
+                node_notice(m.node, spec.preemption.notice_taints) if m.pod else None
+            )
+            if notice:
+                break
+        if not notice:
             return
-        meta = pod.get("metadata") or {}
-        if ANNOTATION_NOTICE in (meta.get("annotations") or {}):
-            return
-        if (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-            return
-        notice = node_notice(node, spec.preemption.notice_taints)
-        if notice:
+        for m in members:
+            meta = (m.pod or {}).get("metadata") or {}
+            if m.pod is None or ANNOTATION_NOTICE in (meta.get("annotations") or {}):
+                continue
+            if (m.pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+                continue
             self._api.annotate_pod(meta["namespace"], meta["name"], {ANNOTATION_NOTICE: notice})

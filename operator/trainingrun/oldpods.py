@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any, Protocol
@@ -99,9 +99,9 @@ class OldPods:
             self._memory.pop((namespace, name), None)
 
     def sweep(
-        self, run: Mapping[str, Any], below: int, now: datetime, also: str | None = None
+        self, run: Mapping[str, Any], below: int, now: datetime, also: Collection[str] = ()
     ) -> float | None:
-        """Deletes the run's pods of attempts before ``below`` (and ``also``, a pod the plan
+        """Deletes the run's pods of attempts before ``below`` (and ``also``, pods the plan
         ends, and every pod asked to go before) that are still there, and posts OldPodLingers
         for one that will not go. Returns seconds until the next look while some remain."""
         meta = run["metadata"]
@@ -153,7 +153,7 @@ class OldPods:
         run: str,
         run_uid: str,
         below: int,
-        also: str | None,
+        also: Collection[str],
         memory: OldPodMemory,
     ) -> dict[str, tuple[OldPod, str | None]]:
         """The run's own pods to look at, by name: (the decision's view, the pod's UID)."""
@@ -166,7 +166,7 @@ class OldPods:
             seen = old_pod(pod, node, node_deleted)
             if seen is None:
                 continue
-            if seen.attempt < below or seen.name == also or seen.name in memory.asked:
+            if seen.attempt < below or seen.name in also or seen.name in memory.asked:
                 found[seen.name] = (seen, (pod.get("metadata") or {}).get("uid"))
         return found
 

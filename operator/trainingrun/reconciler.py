@@ -17,7 +17,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
@@ -27,10 +27,25 @@ from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.cache import ClusterView, ObjectReader
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
-from trainingrun.decide.pod import RunRef, build_pod, owned_by, pod_name, resume_of
-from trainingrun.decide.reconcile import Observed, fail, is_finished, plan, started
+from trainingrun.decide.gang import Member
+from trainingrun.decide.pod import (
+    RunRef,
+    build_pod,
+    gang_name_problem,
+    member_names,
+    owned_by,
+    resume_of,
+)
+from trainingrun.decide.reconcile import (
+    Observed,
+    attempt_outcome,
+    fail,
+    is_finished,
+    plan,
+    started,
+)
 from trainingrun.events import EventSink
-from trainingrun.kube import Forbidden, Invalid
+from trainingrun.launcher import Creator, Launcher
 from trainingrun.manifest import ManifestError
 from trainingrun.notices import Notices, PodAnnotator
 from trainingrun.oldpods import OldPods, PodDeleter
@@ -43,13 +58,12 @@ from trainingrun.stores import Checkpoints, MissingSecret, RunStores
 log = logging.getLogger("trainingrun.operator")
 
 
-class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Protocol):
+class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Creator, Protocol):
     """The calls of ``trainingrun.kube.Kube`` the reconciler makes."""
 
     def patch_run_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None: ...
-    def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
 
 
 @dataclass
@@ -58,8 +72,6 @@ class RunMemory:
     running: bool = False  # a pass is in flight
     dirty: bool = False  # something happened during it: run one more pass after it
     checkpoint_read_at: float = float("-inf")
-    # The PodNameTaken message said last, and when (monotonic).
-    name_taken_said: tuple[str, float] = ("", 0.0)
 
 
 class Reconciler:
@@ -83,6 +95,7 @@ class Reconciler:
         self.view = ClusterView(api)
         self.notices = notices or Notices(api, settings.notice_taints)
         self.old_pods = OldPods(api, self.view, events, metrics)
+        self.launcher = Launcher(api, self.view, events, metrics, settings, monotonic)
         self._now = now
         self._monotonic = monotonic
         self._memory: dict[tuple[str, str], RunMemory] = {}
@@ -97,6 +110,7 @@ class Reconciler:
             self._memory.pop((namespace, name), None)
         self.view.runs.gone((namespace, name), None)
         self.old_pods.forget(namespace, name)
+        self.launcher.forget(namespace, name)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Passes for one run until nothing new happened during the last; returns seconds
@@ -144,28 +158,29 @@ class Reconciler:
         ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
         self.notices.remember((namespace, name), spec)
 
-        pod, node, node_deleted = observe_attempt(self.view, ref, status, now)
-        self.notices.pass_on(pod, node, spec)
-        attempt_ended = (pod is None and status.active_pod) or (
-            pod is not None and ended(pod, spec, self._now(), node, node_deleted)
-        )
-        try:
-            seen = self._checkpoints(ref, mem, due=bool(attempt_ended), first=status.attempt == 0)
-        except MissingSecret as e:
-            self._fail(run, status, R.MISSING_SECRET, str(e), now)
-            return None
+        gang = observe_gang(self.view, ref, status, now)
+        self.notices.pass_on(gang, spec)
+        first = gang[0]
         obs = Observed(
             name=name,
             generation=generation,
             spec=spec,
             status=status,
-            pod=pod,
-            node=node,
-            node_deleted=node_deleted,
-            latest=seen.latest,
+            pod=first.pod,
+            node=first.node,
+            node_deleted=first.node_deleted,
+            latest=None,
             now=now,
+            peers=tuple(gang[1:]),
         )
-        return self._apply(run, ref, obs)
+        begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
+        attempt_ended = begun and attempt_outcome(obs).ended
+        try:
+            seen = self._checkpoints(ref, mem, due=attempt_ended, first=status.attempt == 0)
+        except MissingSecret as e:
+            self._fail(run, status, R.MISSING_SECRET, str(e), now)
+            return None
+        return self._apply(run, ref, replace(obs, latest=seen.latest))
 
     def _apply(self, run: dict[str, Any], ref: RunRef, obs: Observed) -> float | None:
         """Status first, then Events, then the pods; the next attempt's pod only after the
@@ -175,7 +190,7 @@ class Reconciler:
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
         # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
-        again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pod)
+        again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pods)
         if p.create_attempt is None:
             return sooner(p.requeue_after, again)
         if p.create_attempt != p.status.attempt:
@@ -210,8 +225,12 @@ class Reconciler:
     def _start_attempt(
         self, run: dict[str, Any], ref: RunRef, obs: Observed, status: TrainingRunStatus
     ) -> float | None:
-        """Creates the pod of ``status.attempt`` from the newest usable checkpoint."""
+        """Creates the pods of ``status.attempt`` from the newest usable checkpoint."""
         namespace, name = ref.namespace, ref.name
+        problem = gang_name_problem(name, status.attempt, ref.spec.replicas)
+        if problem is not None:
+            self._fail(run, status, R.INVALID_SPEC, problem, obs.now)
+            return None
         try:
             # The fence first: from here no older attempt can commit, so the choice below sees
             # every checkpoint there will be before this attempt's own.
@@ -239,43 +258,19 @@ class Reconciler:
             message = f"checkpoint {step} not used: {why}"
             self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
         resume = resume_of(ref, choice.entry.step) if choice.entry else None
-        pod = build_pod(ref, status.attempt, resume, self.settings.agent, epoch)
-        try:
-            created, fresh = self.api.create_pod(pod)
-        except Forbidden as e:
-            # Quota, a terminating namespace, an admission webhook: not the spec's fault.
-            what = pod["metadata"]["name"]
-            log.warning("%s/%s: pod %s not created: %s", namespace, name, what, e)
-            self.events.post(run, "Warning", R.POD_FORBIDDEN, str(e))
-            return self.settings.resync_seconds
-        except Invalid as e:
-            self._fail(run, status, R.INVALID_SPEC, f"pod rejected: {e}", obs.now)
-            return None
-        if not fresh and not owned_by(created, ref.uid):
-            return self._pod_name_taken(run, created)
-        if fresh:
-            self.metrics.pods_created.inc()
-        self.view.pods.put((namespace, created["metadata"]["name"]), created)
-        new, ev = started(status, obs, created)
+        pods = [
+            build_pod(ref, status.attempt, resume, self.settings.agent, epoch, rank)
+            for rank in range(ref.spec.replicas)
+        ]
+        launched = self.launcher.launch(run, ref, pods)
+        if launched.invalid is not None:
+            self._fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
+        if launched.first is None:
+            return launched.wait
+        new, ev = started(status, obs, launched.first)
         self._write_status(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
         self.events.post(run, ev.type, ev.reason, ev.message)
         return None
-
-    def _pod_name_taken(self, run: dict[str, Any], pod: Mapping[str, Any]) -> float:
-        """The attempt's pod name is taken by a pod that is not this run's: wait for it to go
-        (a deleted run's pod of the same name is removed by the garbage collector)."""
-        message = name_taken_message(pod)
-        rmeta = run["metadata"]
-        mem = self.memory(rmeta["namespace"], rmeta["name"])
-        now = self._monotonic()
-        said, at = mem.name_taken_said
-        # Said again once a minute while it lasts, not at every retry; at once when it changes.
-        if said != message or now - at >= self.settings.name_taken_repeat_seconds:
-            mem.name_taken_said = (message, now)
-            log.warning("%s/%s: %s", rmeta["namespace"], rmeta["name"], message)
-            self.events.post(run, "Warning", R.POD_NAME_TAKEN, message)
-        # The other pod is not watched (no run label, or another run's UID): poll for it to go.
-        return min(self.settings.resync_seconds, self.settings.name_taken_retry_seconds)
 
     def _fail(
         self,
@@ -327,37 +322,32 @@ def ended(
     return outcome.ended
 
 
-def name_taken_message(pod: Mapping[str, Any]) -> str:
-    """What a user reads when the attempt's pod name is held by a pod that is not the run's."""
-    meta = pod.get("metadata") or {}
-    owners = [f"{r.get('kind')}/{r.get('name')}" for r in meta.get("ownerReferences") or []]
-    whose = f"owned by {', '.join(owners)}" if owners else "not owned by this run"
-    going = "being deleted; waiting" if meta.get("deletionTimestamp") else None
-    return (
-        f"pod {meta.get('name')} exists and is not this run's ({whose}): "
-        f"{going or 'delete it or rename the run'}"
-    )
-
-
-def observe_attempt(
+def observe_gang(
     view: ClusterView, ref: RunRef, status: TrainingRunStatus, now: datetime
-) -> tuple[dict[str, Any] | None, dict[str, Any] | None, bool]:
-    """(pod of the current attempt, its node, node deleted). A deleted pod is given by its
-    last state when that state says how it ended, else as None; a pod of that name that is
-    not this run's (a deleted run's of the same name, going away) as None."""
-    namespace, current = ref.namespace, pod_name(ref.name, status.attempt)
-    if not status.attempt or (
-        status.active_pod != current and not view.pods.get((namespace, current))[1]
-    ):
-        # Not created yet as far as the status knows; a create answers 409 if it was.
-        return None, None, False
-    pod = view.pod(namespace, current)
+) -> list[Member]:
+    """The pods of the current attempt by rank (one unless a gang), each with its node."""
+    names = member_names(ref, status.attempt)
+    if not status.attempt:
+        return [Member(name, None) for name in names]
+    recorded = status.active_pod == names[0]
+    return [observe_pod(view, ref, name, recorded, now) for name in names]
+
+
+def observe_pod(view: ClusterView, ref: RunRef, name: str, recorded: bool, now: datetime) -> Member:
+    """One pod of the attempt and its node. A deleted pod is given by its last state when that
+    state says how it ended, else as None; a pod of that name that is not this run's (a deleted
+    run's of the same name, going away) as None. Not ``recorded`` (the status does not say the
+    attempt started) and never seen: not created yet (a create answers 409 if it was)."""
+    namespace = ref.namespace
+    if not recorded and not view.pods.get((namespace, name))[1]:
+        return Member(name, None)
+    pod = view.pod(namespace, name)
     if pod is not None and (not pod.get("metadata") or not owned_by(pod, ref.uid)):
         pod = None  # deleted with its last state unknown, or not this run's
-    if pod is not None and view.pods.last((namespace, current)) is pod:
+    if pod is not None and view.pods.last((namespace, name)) is pod:
         pod = pod if ended(pod, ref.spec, now) else None
     node_name = ((pod or {}).get("spec") or {}).get("nodeName")
     if not node_name:
-        return pod, None, False
+        return Member(name, pod)
     node, node_deleted = view.node(node_name)
-    return pod, node, node_deleted
+    return Member(name, pod, node, node_deleted)

@@ -136,6 +136,11 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
     for key, value in lines:
         if value:
             out.write(f"{key + ':':<{width}} {value}\n")
+    attempt = int(status.get("attempt") or 0)
+    pods = kube.attempt_pods(args.namespace, args.run, attempt) if attempt else []
+    if pods:
+        out.write(f"Pods of attempt {attempt}:\n")
+        table(["  NAME", "PHASE", "NODE", "REASON"], [pod_row(pod) for pod in pods], out)
     conditions = status.get("conditions") or []
     if conditions:
         out.write("Conditions:\n")
@@ -154,6 +159,18 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             out,
         )
     return 0
+
+
+def pod_row(pod: dict[str, Any]) -> list[str]:
+    """One pod of the attempt: name, phase (Terminating while deleted), node, why it ended."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    phase = "Terminating" if meta.get("deletionTimestamp") else status.get("phase") or "Pending"
+    return [
+        "  " + str(meta.get("name", "")),
+        str(phase),
+        str((pod.get("spec") or {}).get("nodeName") or "-"),
+        str(status.get("reason") or ""),
+    ]
 
 
 COMMANDS: dict[str, Callable[[Kube, argparse.Namespace, TextIO], int]] = {

@@ -28,6 +28,8 @@ APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
         ("", "pods", "create"),  # Kube.create_pod
         ("", "pods", "delete"),  # Kube.delete_pod_by_uid
         ("", "pods", "patch"),  # Kube.annotate_pod (the preemption notice)
+        ("", "services", "create"),  # Kube.create_service (a gang's headless Service)
+        ("", "services", "get"),  # Kube.create_service, when it exists
         ("", "secrets", "get"),  # Kube.get_secret_data (credentialsSecret)
         ("", "events", "create"),  # Kube.event
     }

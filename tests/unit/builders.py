@@ -73,6 +73,7 @@ class RunBuilder:
         self._checkpoint: dict[str, Any] = {"storage": {"uri": BUCKET_URI}}
         self._restart_policy: dict[str, Any] = {}
         self._preemption: dict[str, Any] = {}
+        self._gang: dict[str, Any] = {}
         self._status: dict[str, Any] = {}
         self._latest: int | None = None
 
@@ -119,6 +120,11 @@ class RunBuilder:
     def with_restart_policy(self, **fields: Any) -> Self:
         """snake_case fields of RestartPolicySpec; ``backoff`` may be a dict of its fields."""
         self._restart_policy.update(fields)
+        return self
+
+    def with_replicas(self, replicas: int, **gang: Any) -> Self:
+        """A gang of ``replicas`` pods; ``gang``: snake_case fields of GangSpec."""
+        self._gang = {"replicas": replicas, **({"gang": gang} if gang else {})}
         return self
 
     def with_grace_period(self, seconds: int) -> Self:
@@ -183,6 +189,7 @@ class RunBuilder:
             data["restart_policy"] = copy.deepcopy(self._restart_policy)
         if self._preemption:
             data["preemption"] = copy.deepcopy(self._preemption)
+        data.update(copy.deepcopy(self._gang))
         return TrainingRunSpec.model_validate(data)
 
     def ref(self) -> RunRef:

@@ -69,6 +69,7 @@ class FakeKube:
     ``release``. ``refuse_deletes[name] = n`` makes the next n DELETEs of a pod fail (ApiError)."""
 
     runs: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    services: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     pods: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     nodes: dict[str, dict[str, Any]] = field(default_factory=dict)
     secrets: dict[tuple[str, str], dict[str, str]] = field(default_factory=dict)
@@ -76,7 +77,7 @@ class FakeKube:
     creates: list[str] = field(default_factory=list)  # pod names, in order, 409s included
     deletes: list[tuple[str, int | None]] = field(default_factory=list)  # (pod, grace), refused too
     refuse_deletes: dict[str, int] = field(default_factory=dict)
-    clock: Clock = field(default_factory=Clock)  # the deletionTimestamps' time
+    clock: Clock = field(default_factory=Clock)  # deletion and creation timestamps' time
     _version: int = 0
 
     def _rv(self) -> str:
@@ -118,9 +119,18 @@ class FakeKube:
         stored = copy.deepcopy(pod)
         stored["metadata"]["resourceVersion"] = self._rv()
         stored["metadata"].setdefault("uid", f"uid-{meta['name']}-{self._version}")
+        stored["metadata"]["creationTimestamp"] = rfc3339(self.clock.now())
         stored["status"] = {"phase": "Pending"}
         self.pods[key] = stored
         return copy.deepcopy(stored), True
+
+    def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]:
+        meta = service["metadata"]
+        key = (meta["namespace"], meta["name"])
+        if key in self.services:
+            return copy.deepcopy(self.services[key]), False
+        self.services[key] = copy.deepcopy(service)
+        return copy.deepcopy(service), True
 
     def delete_pod_by_uid(
         self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None

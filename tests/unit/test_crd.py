@@ -158,6 +158,7 @@ def test_spec_covers_every_api_field() -> None:
         pytest.param("template", "restartPolicy == 'Never'", id="template-restart-never"),
         pytest.param("checkpoint", "self.localPath != '/'", id="local-path-not-root"),
         pytest.param("checkpoint.storage", "startsWith('s3://')", id="storage-uri-s3"),
+        pytest.param("replicas", "self == oldSelf", id="replicas-immutable"),
         pytest.param(
             "restartPolicy.backoff", "maxSeconds >= self.initialSeconds", id="backoff-max-ge-init"
         ),
@@ -182,11 +183,12 @@ def test_printer_columns() -> None:
         "Preemptions",
         "Checkpoint",
         "Age",
+        "Replicas",
         "Reason",
         "Message",
     ]
     priorities = {c["name"]: c.get("priority", 0) for c in columns}
-    assert {name for name, p in priorities.items() if p == 1} == {"Reason", "Message"}
+    assert {name for name, p in priorities.items() if p == 1} == {"Replicas", "Reason", "Message"}
     assert {p for p in priorities.values()} == {0, 1}
     status_fields = set(_schema()["properties"]["status"]["properties"])
     for c in columns:

@@ -133,7 +133,7 @@ def test_new_run_asks_for_attempt_1() -> None:
     p = d.pass_()
 
     assert p.create_attempt == 1
-    assert (p.delete_pod, p.events, p.requeue_after) == (None, [], None)
+    assert (p.delete_pods, p.events, p.requeue_after) == ((), [], None)
     assert p.status.attempt == 1
     assert p.status.active_pod is None
     assert p.status.phase == PHASE_PENDING
@@ -168,7 +168,7 @@ def test_running_pod_keeps_the_run_running() -> None:
     assert p.status.phase == PHASE_RUNNING
     assert p.status.active_pod == "r1-1"
     assert p.status.attempt == 1
-    assert (p.create_attempt, p.delete_pod, p.events) == (None, None, [])
+    assert (p.create_attempt, p.delete_pods, p.events) == (None, (), [])
 
 
 def test_running_pod_whose_start_was_not_recorded_is_adopted() -> None:
@@ -217,7 +217,7 @@ def test_failed_attempt_backs_off_then_asks_for_the_next() -> None:
     assert due > d.now
     assert failed.requeue_after == 30
     assert failed.create_attempt is None
-    assert failed.delete_pod is None  # the pod ended; it stays for its logs
+    assert failed.delete_pods == ()  # the pod ended; it stays for its logs
     assert failed.status.phase == PHASE_BACKOFF
     assert _condition(failed.status, RUNNING).status == "False"
     assert [(e.type, e.reason) for e in failed.events] == [("Warning", "Failed")]
@@ -247,7 +247,7 @@ def test_failed_attempt_without_backoff_asks_for_the_next_pod_in_the_same_plan()
     assert (failed.status.attempt, failed.status.restarts) == (2, 1)
     assert failed.status.next_attempt_time is None
     assert failed.status.active_pod is None  # recorded by started() once the pod exists
-    assert (failed.create_attempt, failed.requeue_after, failed.delete_pod) == (2, None, None)
+    assert (failed.create_attempt, failed.requeue_after, failed.delete_pods) == (2, None, ())
     assert [(e.type, e.reason) for e in failed.events] == [("Warning", "Failed")]
 
     second = d.start()
@@ -276,7 +276,7 @@ def test_permanent_error_fails_the_run_and_deletes_the_waiting_pod() -> None:
 
     assert p.status.phase == PHASE_FAILED
     assert p.status.reason == "InvalidImageName"
-    assert p.delete_pod == "r1-1"
+    assert p.delete_pods == ("r1-1",)
     assert p.create_attempt is None
 
 
@@ -290,7 +290,7 @@ def test_image_pull_error_is_retried_then_fails_the_run_once_the_grace_is_spent(
     assert p.status.phase == PHASE_RUNNING
     assert p.status.reason == "ImagePullRetrying"
     assert "timeout" in p.status.message and "fails if the image" in p.status.message
-    assert (p.create_attempt, p.delete_pod, p.events) == (None, None, [])
+    assert (p.create_attempt, p.delete_pods, p.events) == (None, (), [])
     assert p.requeue_after == IMAGE_PULL_GRACE_SECONDS - 60 + 1
 
     d.advance(IMAGE_PULL_GRACE_SECONDS - 60)
@@ -298,7 +298,7 @@ def test_image_pull_error_is_retried_then_fails_the_run_once_the_grace_is_spent(
 
     assert p.status.phase == PHASE_FAILED
     assert p.status.reason == "ImagePullBackOff"
-    assert p.delete_pod == "r1-1"
+    assert p.delete_pods == ("r1-1",)
 
 
 def test_image_pull_that_goes_through_gives_the_start_back_its_reason() -> None:
@@ -341,7 +341,7 @@ def test_preempted_pod_that_still_runs_is_deleted() -> None:
 
     p = d.pass_(pod_from(pod).running().build(), node=make_node().not_ready().build())
 
-    assert p.delete_pod == "r1-1"
+    assert p.delete_pods == ("r1-1",)
     assert p.status.preemptions == 1
     assert p.status.attempt == 2
 
@@ -349,18 +349,20 @@ def test_preempted_pod_that_still_runs_is_deleted() -> None:
 @pytest.mark.parametrize(
     ("node_ready", "deleted"),
     [
-        pytest.param(True, None, id="ready-node-finishes-it-logs-kept"),
-        pytest.param(False, "r1-1", id="not-ready-node-cannot-so-it-is-deleted"),
+        pytest.param(True, (), id="ready-node-finishes-it-logs-kept"),
+        pytest.param(False, ("r1-1",), id="not-ready-node-cannot-so-it-is-deleted"),
     ],
 )
-def test_failed_trainer_with_the_sidecar_still_up(node_ready: bool, deleted: str | None) -> None:
+def test_failed_trainer_with_the_sidecar_still_up(
+    node_ready: bool, deleted: tuple[str, ...]
+) -> None:
     d, pod = _launched(make_run("r1"))
     node = make_node().build() if node_ready else make_node().not_ready().build()
 
     p = d.pass_(pod_from(pod).trainer_exited(1, phase="Running").build(), node=node)
 
     assert p.status.attempt == 2
-    assert p.delete_pod == deleted
+    assert p.delete_pods == deleted
 
 
 def test_notice_taints_come_from_the_spec() -> None:
@@ -385,7 +387,7 @@ def test_missing_pod_named_by_active_pod_is_a_preemption() -> None:
     assert p.status.attempt == 2
     assert p.status.reason == "Preempted"
     assert "PodDeleted" in (p.status.message or "")
-    assert p.delete_pod is None
+    assert p.delete_pods == ()
 
 
 def test_missing_pod_not_created_yet_is_not_a_preemption() -> None:
@@ -410,7 +412,7 @@ def test_success_waits_for_the_sidecars_last_commit() -> None:
     p = d.pass_(pod_from(pod).running().trainer_exited(0, phase="Running").build(), node=node)
 
     assert p.status.phase == PHASE_RUNNING
-    assert (p.create_attempt, p.delete_pod, p.events) == (None, None, [])
+    assert (p.create_attempt, p.delete_pods, p.events) == (None, (), [])
 
     run.with_checkpoint(500)  # the sidecar committed the final checkpoint, then stopped
     p = d.pass_(pod_from(pod).trainer_exited(0).build(), node=node)
@@ -418,7 +420,7 @@ def test_success_waits_for_the_sidecars_last_commit() -> None:
     assert p.status.phase == PHASE_SUCCEEDED
     assert p.status.latest_checkpoint is not None
     assert p.status.latest_checkpoint.step == 500
-    assert p.delete_pod is None
+    assert p.delete_pods == ()
 
 
 def test_success_finishes_the_run() -> None:
@@ -432,7 +434,7 @@ def test_success_finishes_the_run() -> None:
     assert p.status.active_pod is None
     assert p.status.latest_checkpoint is not None
     assert p.status.latest_checkpoint.step == 500
-    assert (p.create_attempt, p.delete_pod) == (None, None)
+    assert (p.create_attempt, p.delete_pods) == (None, ())
     assert [(e.type, e.reason) for e in p.events] == [("Normal", "Succeeded")]
 
 
@@ -463,7 +465,7 @@ def test_finished_runs_are_left_alone(finish: Any, pod: dict[str, Any] | None) -
     p = d.pass_(pod)
 
     assert p.status == before
-    assert (p.create_attempt, p.delete_pod, p.events, p.requeue_after) == (None, None, [], None)
+    assert (p.create_attempt, p.delete_pods, p.events, p.requeue_after) == (None, (), [], None)
 
 
 # -- checkpoints --------------------------------------------------------------------------
@@ -593,7 +595,7 @@ def test_running_status_is_a_fixpoint() -> None:
     second = d.pass_(running)
 
     assert second.status == first.status
-    assert (second.create_attempt, second.delete_pod, second.events) == (None, None, [])
+    assert (second.create_attempt, second.delete_pods, second.events) == (None, (), [])
 
 
 def test_an_ended_attempt_is_counted_once() -> None:

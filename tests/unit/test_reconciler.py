@@ -71,11 +71,13 @@ class World:
     """A cluster and a bucket in memory, and a Reconciler over them (``restart()`` builds a new
     one over the same world: an operator restart, caches and memory lost)."""
 
-    def __init__(self, secret: str | None = None, **policy: Any) -> None:
+    def __init__(self, secret: str | None = None, replicas: int = 1, **policy: Any) -> None:
         self.clock = Clock()
         self.kube = FakeKube()
         self.bucket = FakeBucket()
         builder = make_run(RUN).with_restart_policy(**policy)
+        if replicas > 1:
+            builder = builder.with_replicas(replicas)
         if secret:
             builder = builder.with_storage(credentials_secret=secret)
         self.builder = builder

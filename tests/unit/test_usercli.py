@@ -182,3 +182,35 @@ def test_checkpoint_rows_verify_as_the_operator_does() -> None:
 
 def test_no_manifest_no_rows() -> None:
     assert usercli.checkpoint_rows(cast(Store, FakeStore()), RUN, bad=set()) == []
+
+
+@pytest.mark.parametrize(
+    ("pod", "row"),
+    [
+        pytest.param(
+            {
+                "metadata": {"name": "r-2-1"},
+                "spec": {"nodeName": "n1"},
+                "status": {"phase": "Running"},
+            },
+            ["  r-2-1", "Running", "n1", ""],
+            id="running",
+        ),
+        pytest.param({"metadata": {"name": "r-2-0"}}, ["  r-2-0", "Pending", "-", ""], id="new"),
+        pytest.param(
+            {
+                "metadata": {"name": "r-2-0", "deletionTimestamp": "2025-01-01T00:00:00Z"},
+                "status": {"phase": "Running", "reason": ""},
+            },
+            ["  r-2-0", "Terminating", "-", ""],
+            id="deleted",
+        ),
+        pytest.param(
+            {"metadata": {"name": "r-2"}, "status": {"phase": "Failed", "reason": "Evicted"}},
+            ["  r-2", "Failed", "-", "Evicted"],
+            id="evicted",
+        ),
+    ],
+)
+def test_status_lists_each_pod_of_the_attempt(pod: dict[str, Any], row: list[str]) -> None:
+    assert usercli.pod_row(pod) == row

@@ -5,6 +5,11 @@ Shape: the user's template with its ``trainer`` container; a restore init contai
 resuming); the sync sidecar as a native sidecar (init container with ``restartPolicy: Always``);
 an ``emptyDir`` checkpoint volume at ``spec.checkpoint.localPath`` in all three; the
 ``TRAININGRUN_*`` environment; credentials by ``secretKeyRef`` only; ``restartPolicy: Never``.
+
+A gang (``spec.replicas`` > 1) is one such pod per rank, ``<run>-<attempt>-<rank>``, with the
+rank label, ``hostname`` and ``subdomain`` so that the run's headless Service (``build_service``)
+gives each a DNS name, torchrun's ``PET_*`` environment in the trainer container and the rank in
+the sidecar's (each rank's sidecar writes its own part of every checkpoint).
 """
 
 from __future__ import annotations
@@ -48,8 +53,45 @@ class Resume:
     uri: str
 
 
-def pod_name(run_name: str, attempt: int) -> str:
-    return f"{run_name}-{attempt}"
+def pod_name(run_name: str, attempt: int, rank: int = 0, replicas: int = 1) -> str:
+    """``<run>-<attempt>``, or ``<run>-<attempt>-<rank>`` for a gang."""
+    return f"{run_name}-{attempt}" if replicas == 1 else f"{run_name}-{attempt}-{rank}"
+
+
+def member_names(run: RunRef, attempt: int) -> list[str]:
+    """The pod names of the attempt, by rank."""
+    replicas = run.spec.replicas
+    return [pod_name(run.name, attempt, rank, replicas) for rank in range(replicas)]
+
+
+def service_name(run_name: str) -> str:
+    """The run's headless Service (gangs): the ``subdomain`` of its pods."""
+    return run_name
+
+
+def master_addr(run: RunRef, attempt: int) -> str:
+    """Rank 0's DNS name in the short form the namespace's search domain completes, as
+    Kubeflow Trainer gives it: ``<run>-<attempt>-0.<service>``."""
+    return f"{pod_name(run.name, attempt, 0, run.spec.replicas)}.{service_name(run.name)}"
+
+
+DNS_LABEL_MAX = 63
+
+
+def gang_name_problem(run_name: str, attempt: int, replicas: int) -> str | None:
+    """Why a gang's pods cannot have DNS names under this run name, or None. A pod's hostname
+    and the Service name are DNS labels (RFC 1035: a letter first, at most 63 characters)."""
+    if replicas == 1:
+        return None
+    longest = pod_name(run_name, attempt, replicas - 1, replicas)
+    if not run_name[:1].isalpha():
+        return f"a run with replicas > 1 needs a name that starts with a letter, not {run_name!r}"
+    if "." in run_name or len(longest) > DNS_LABEL_MAX:
+        return (
+            f"a run with replicas > 1 needs a name that is a DNS label: its pod {longest} must "
+            f"have at most {DNS_LABEL_MAX} characters and no dots; rename the run"
+        )
+    return None
 
 
 def owned_by(pod: dict[str, Any], run_uid: str) -> bool:
@@ -95,10 +137,12 @@ def storage_env(run: RunRef) -> list[dict[str, Any]]:
     return env
 
 
-def trainer_env(run: RunRef, attempt: int, resume: Resume | None) -> list[dict[str, Any]]:
+def trainer_env(
+    run: RunRef, attempt: int, resume: Resume | None, rank: int = 0
+) -> list[dict[str, Any]]:
     local = run.spec.checkpoint.local_path
     resume_from = f"{local.rstrip('/')}/{checkpoint_dirname(resume.step)}" if resume else ""
-    return [
+    env = [
         _env(c.ENV_NAME, run.name),
         _env(c.ENV_ATTEMPT, str(attempt)),
         _env(c.ENV_CHECKPOINT_DIR, local),
@@ -106,6 +150,49 @@ def trainer_env(run: RunRef, attempt: int, resume: Resume | None) -> list[dict[s
         _env(c.ENV_RESUME_STEP, str(resume.step) if resume else ""),
         _env(c.ENV_RESUME_URI, resume.uri if resume else ""),
     ]
+    replicas = run.spec.replicas
+    if replicas > 1:
+        env += [
+            _env(c.ENV_RANK, str(rank)),
+            _env(c.ENV_REPLICAS, str(replicas)),
+            _env(c.ENV_PET_NNODES, str(replicas)),
+            _env(c.ENV_PET_NODE_RANK, str(rank)),
+            _env(c.ENV_PET_MASTER_ADDR, master_addr(run, attempt)),
+            _env(c.ENV_PET_MASTER_PORT, str(run.spec.gang.master_port)),
+        ]
+    return env
+
+
+def _owner(run: RunRef) -> dict[str, Any]:
+    return {
+        "apiVersion": f"{GROUP}/{VERSION}",
+        "kind": KIND,
+        "name": run.name,
+        "uid": run.uid,
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def build_service(run: RunRef) -> dict[str, Any]:
+    """The headless Service of a gang: every pod of the run gets the DNS name
+    ``<hostname>.<service>``, also before it is ready (the ranks meet before any probe passes)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {
+            "name": service_name(run.name),
+            "namespace": run.namespace,
+            "labels": {c.LABEL_RUN: run.name},
+            "ownerReferences": [_owner(run)],
+        },
+        "spec": {
+            "clusterIP": "None",
+            "selector": {c.LABEL_RUN: run.name},
+            "publishNotReadyAddresses": True,
+            "ports": [{"name": "rendezvous", "port": run.spec.gang.master_port}],
+        },
+    }
 
 
 def _merge_env(existing: list[dict[str, Any]], ours: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -137,11 +224,31 @@ def _agent(
     }
 
 
+def _one_per_node(affinity: dict[str, Any], run_name: str, attempt: int) -> dict[str, Any]:
+    """A gang's pods on distinct nodes (a required anti-affinity to the attempt's other pods by
+    hostname), unless the template places them itself with a podAntiAffinity of its own."""
+    if "podAntiAffinity" in affinity:
+        return affinity
+    term = {
+        "labelSelector": {"matchLabels": {c.LABEL_RUN: run_name, c.LABEL_ATTEMPT: str(attempt)}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    return {
+        **affinity,
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [term]},
+    }
+
+
 def build_pod(
-    run: RunRef, attempt: int, resume: Resume | None, settings: AgentSettings, epoch: int
+    run: RunRef,
+    attempt: int,
+    resume: Resume | None,
+    settings: AgentSettings,
+    epoch: int,
+    rank: int = 0,
 ) -> dict[str, Any]:
-    """The pod of ``attempt`` (1-based) of ``run``, resuming from ``resume`` when given; its
-    sidecar commits as ``epoch``, the fence the attempt holds."""
+    """The pod of ``rank`` of ``attempt`` (1-based) of ``run``, resuming from ``resume`` when
+    given; its sidecar commits as ``epoch``, the fence the attempt holds."""
     spec = run.spec
     template = copy.deepcopy(spec.template)
     meta = template.get("metadata") or {}
@@ -153,7 +260,7 @@ def build_pod(
         container = dict(original)
         if container.get("name") == c.TRAINER_CONTAINER:
             env = list(container.get("env") or [])
-            container["env"] = _merge_env(env, trainer_env(run, attempt, resume))
+            container["env"] = _merge_env(env, trainer_env(run, attempt, resume, rank))
             mounts = container.get("volumeMounts") or []
             ours_out = [m for m in mounts if m.get("name") != c.CHECKPOINT_VOLUME]
             container["volumeMounts"] = [*ours_out, _mount(local)]
@@ -173,6 +280,8 @@ def build_pod(
             str(spec.preemption.termination_grace_period_seconds),
         ),
     ]
+    if spec.replicas > 1:
+        sync_env += [_env(c.ENV_RANK, str(rank)), _env(c.ENV_RANKS, str(spec.replicas))]
     init = []
     if resume:
         restore_env = [
@@ -199,27 +308,28 @@ def build_pod(
     annotations = dict(meta.get("annotations") or {})
     if resume:
         annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
+    name = pod_name(run.name, attempt, rank, spec.replicas)
+    network: dict[str, Any] = {}
+    if spec.replicas > 1:
+        labels[c.LABEL_RANK] = str(rank)
+        network = {
+            "hostname": name,
+            "subdomain": service_name(run.name),
+            "affinity": _one_per_node(pod_spec.get("affinity") or {}, run.name, attempt),
+        }
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "name": pod_name(run.name, attempt),
+            "name": name,
             "namespace": run.namespace,
             "labels": labels,
             "annotations": annotations,
-            "ownerReferences": [
-                {
-                    "apiVersion": f"{GROUP}/{VERSION}",
-                    "kind": KIND,
-                    "name": run.name,
-                    "uid": run.uid,
-                    "controller": True,
-                    "blockOwnerDeletion": True,
-                }
-            ],
+            "ownerReferences": [_owner(run)],
         },
         "spec": {
             **pod_spec,
+            **network,
             "restartPolicy": "Never",
             "terminationGracePeriodSeconds": spec.preemption.termination_grace_period_seconds,
             "initContainers": [*(pod_spec.get("initContainers") or []), *init],

@@ -38,6 +38,7 @@ STORAGE_UNAVAILABLE = "StorageUnavailable"
 CHECKPOINT_SKIPPED = "CheckpointSkipped"
 POD_FORBIDDEN = "PodForbidden"
 POD_NAME_TAKEN = "PodNameTaken"
+SERVICE_NAME_TAKEN = "ServiceNameTaken"  # a gang's headless Service name is another's
 OLD_POD_LINGERS = "OldPodLingers"  # a pod of an older attempt does not go
 
 # -- what classify saw (the detail of an ending, or of a pod not ended yet) -------------------
@@ -54,6 +55,8 @@ POD_FAILED = "PodFailed"
 TERMINATING = "Terminating"  # stopping after a disruption: saving first
 FINISHING = "Finishing"  # the trainer exited 0: the sidecar commits the last checkpoint
 IMAGE_PULL_RETRYING = "ImagePullRetrying"
+GANG_SCHEDULING = "GangScheduling"  # some pods of a gang wait to be scheduled
+GANG_NOT_SCHEDULED = "GangNotScheduled"  # ... longer than spec.gang.startTimeoutSeconds
 
 NORMAL = frozenset({STARTED, RESUMED, SUCCEEDED, PREEMPTED})
 

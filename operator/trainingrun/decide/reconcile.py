@@ -28,6 +28,7 @@ from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingR
 from trainingrun.contract import ANNOTATION_RESUME_STEP, parse_time, rfc3339
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome, classify, stops_by_itself
+from trainingrun.decide.gang import Member, gang_outcome
 from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
 
@@ -57,13 +58,22 @@ class Observed:
     node_deleted: bool
     latest: CheckpointRef | None  # newest committed checkpoint in the manifest, when read
     now: datetime
+    # A gang's other pods, ranks 1 to replicas - 1 (``pod`` and ``node`` are rank 0's).
+    peers: tuple[Member, ...] = ()
+
+    @property
+    def gang(self) -> tuple[Member, ...]:
+        """Every pod of the attempt, by rank."""
+        replicas = self.spec.replicas
+        first = pod_name(self.name, self.status.attempt, 0, replicas)
+        return (Member(first, self.pod, self.node, self.node_deleted), *self.peers)
 
 
 @dataclass(frozen=True)
 class Plan:
     status: TrainingRunStatus
     create_attempt: int | None = None
-    delete_pod: str | None = None
+    delete_pods: tuple[str, ...] = ()  # pods of this attempt to delete (once status landed)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
 
@@ -152,17 +162,11 @@ def plan(obs: Observed) -> Plan:
     if status.attempt == 0:
         return _due(_with(status, obs, attempt=1, next_attempt_time=None), obs)
 
-    current = pod_name(obs.name, status.attempt)
-    if obs.pod is None and status.active_pod != current:
-        return _due(status, obs)  # attempt recorded, pod not created yet
+    current = pod_name(obs.name, status.attempt, 0, obs.spec.replicas)
+    if status.active_pod != current and any(m.pod is None for m in obs.gang):
+        return _due(status, obs)  # attempt recorded, pods not all created yet
 
-    outcome = classify(
-        obs.pod,
-        node=obs.node,
-        node_deleted=obs.node_deleted,
-        notice_taints=obs.spec.preemption.notice_taints,
-        now=obs.now,
-    )
+    outcome = attempt_outcome(obs)
     if not outcome.ended:
         if obs.pod is not None and not _is_true(status, R.RUNNING):
             # The pod exists but its start was not recorded (the write after its creation
@@ -177,16 +181,37 @@ def plan(obs: Observed) -> Plan:
             resume_step=resume if resume is not None else status.resume_step,
             next_attempt_time=None,
         )
-        if outcome.decide_at is not None:  # an image pull the kubelet is still retrying
+        if outcome.decide_at is not None:  # an image pull retried, a gang member unscheduled
             new = new.model_copy(update={"reason": outcome.reason, "message": outcome.message})
             wait = max((outcome.decide_at - obs.now).total_seconds(), 0.0) + 1.0
             return Plan(new, requeue_after=wait)
-        if status.reason == R.IMAGE_PULL_RETRYING:  # the pull went through: back to the start's
+        if status.reason in WAITING:  # the wait is over: back to the start's
             running = next((c for c in status.conditions if c.type == R.RUNNING), None)
             if running is not None:
                 new = new.model_copy(update={"reason": running.reason, "message": running.message})
         return Plan(new)
     return _ended(status, obs, outcome, current)
+
+
+# Reasons of a running attempt that waits for something (a pass looks again at ``decide_at``).
+WAITING = frozenset({R.IMAGE_PULL_RETRYING, R.GANG_SCHEDULING})
+
+
+def attempt_outcome(obs: Observed) -> Outcome:
+    """How the attempt stands: its pod's ending, or a gang's from all its pods'."""
+    gang = obs.gang
+    outcomes = [
+        classify(
+            m.pod,
+            node=m.node,
+            node_deleted=m.node_deleted,
+            notice_taints=obs.spec.preemption.notice_taints,
+            now=obs.now,
+        )
+        for m in gang
+    ]
+    start_timeout = float(obs.spec.gang.start_timeout_seconds)
+    return gang_outcome(gang, outcomes, start_timeout=start_timeout, now=obs.now)
 
 
 def _resume_step(pod: Mapping[str, Any] | None) -> int | None:
@@ -203,14 +228,21 @@ def _due(status: TrainingRunStatus, obs: Observed) -> Plan:
     return Plan(_with(status, obs), create_attempt=status.attempt)
 
 
-def _still_running(obs: Observed) -> bool:
-    """A pod that still runs (node NotReady, notice) is deleted so it cannot write again; one
-    whose containers all stopped on a Ready node ends by itself and keeps its logs."""
+def _still_running(m: Member) -> bool:
+    """A pod that still runs (node NotReady, notice, a gang's other members) is deleted so it
+    cannot write again; one whose containers all stopped on a Ready node ends by itself and
+    keeps its logs."""
     return (
-        obs.pod is not None
-        and (obs.pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
-        and not stops_by_itself(obs.pod, obs.node, obs.node_deleted)
+        m.pod is not None
+        and (m.pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+        and not stops_by_itself(m.pod, m.node, m.node_deleted)
     )
+
+
+def _attempt_label(obs: Observed, attempt: int, first: str) -> str:
+    """``attempt 3 (r-3)``, or ``attempt 3 (4 pods)`` for a gang."""
+    replicas = obs.spec.replicas
+    return f"attempt {attempt} ({first if replicas == 1 else f'{replicas} pods'})"
 
 
 def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
@@ -241,8 +273,8 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         "reason": d.reason,
         "message": d.message,
     }
-    delete = current if _still_running(obs) else None
-    attempt_msg = f"attempt {status.attempt} ({current}): {d.message}"
+    delete = tuple(m.name for m in obs.gang if _still_running(m))
+    attempt_msg = f"{_attempt_label(obs, status.attempt, current)}: {d.message}"
     gen, now = obs.generation, obs.now
     conds, event = condition_event(
         status.conditions, R.RUNNING, False, d.reason, attempt_msg, gen, now
@@ -255,7 +287,7 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
     if d.action is Action.FAIL:
         conds, event = condition_event(conds, R.FAILED, True, d.reason, attempt_msg, gen, now)
         new = _with(status, obs, conditions=conds, next_attempt_time=None, **base)
-        return Plan(new, delete_pod=delete, events=[event])
+        return Plan(new, delete_pods=delete, events=[event])
 
     next_time = obs.now + timedelta(seconds=d.delay_seconds) if d.delay_seconds else None
     new = _with(
@@ -269,9 +301,9 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
     )
     events = [event]
     if d.delay_seconds:
-        return Plan(new, delete_pod=delete, events=events, requeue_after=float(d.delay_seconds))
+        return Plan(new, delete_pods=delete, events=events, requeue_after=float(d.delay_seconds))
     # Due now: the pod of the next attempt is asked for in this very plan (after its status).
-    return Plan(new, create_attempt=new.attempt, delete_pod=delete, events=events)
+    return Plan(new, create_attempt=new.attempt, delete_pods=delete, events=events)
 
 
 def started(
@@ -279,13 +311,15 @@ def started(
     obs: Observed,
     pod: Mapping[str, Any],
 ) -> tuple[TrainingRunStatus, Event]:
-    """Status and Event after the pod of ``status.attempt`` was created (or found)."""
+    """Status and Event after the pod of ``status.attempt`` (a gang's rank 0, once every rank's
+    pod was created) was created or found."""
     name = (pod.get("metadata") or {}).get("name", "")
     resume = _resume_step(pod)
+    label = _attempt_label(obs, status.attempt, name)
     if resume is not None:
-        reason, msg = R.RESUMED, f"attempt {status.attempt} ({name}) resumes from step {resume}"
+        reason, msg = R.RESUMED, f"{label} resumes from step {resume}"
     else:
-        reason, msg = R.STARTED, f"attempt {status.attempt} ({name}) starts from scratch"
+        reason, msg = R.STARTED, f"{label} starts from scratch"
     conds, event = condition_event(
         status.conditions, R.RUNNING, True, reason, msg, obs.generation, obs.now
     )
