@@ -33,6 +33,12 @@ ANNOTATION_RESUME_STEP = "trainingrun.dev/resume-step"
 # Set by the operator on a pod whose node carries a notice taint; the sidecar's cue to save.
 ANNOTATION_NOTICE = "trainingrun.dev/preemption-notice"
 
+# Kueue's plain-pod groups (kueue.sigs.k8s.io, "Run Plain Pods"): a template that names a queue
+# gets one pod group per gang attempt, so Kueue admits all of its pods at once or none.
+LABEL_KUEUE_QUEUE = "kueue.x-k8s.io/queue-name"
+LABEL_KUEUE_POD_GROUP = "kueue.x-k8s.io/pod-group-name"
+ANNOTATION_KUEUE_GROUP_COUNT = "kueue.x-k8s.io/pod-group-total-count"
+
 # -- environment ------------------------------------------------------------------------------
 
 # The trainer container's view of its attempt.

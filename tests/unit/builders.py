@@ -122,6 +122,10 @@ class RunBuilder:
         self._restart_policy.update(fields)
         return self
 
+    def with_template_label(self, key: str, value: str) -> Self:
+        self._template["metadata"]["labels"][key] = value
+        return self
+
     def with_replicas(self, replicas: int, **gang: Any) -> Self:
         """A gang of ``replicas`` pods; ``gang``: snake_case fields of GangSpec."""
         self._gang = {"replicas": replicas, **({"gang": gang} if gang else {})}

@@ -89,6 +89,19 @@ def test_a_template_that_places_its_pods_itself_keeps_its_affinity() -> None:
     assert "requiredDuringSchedulingIgnoredDuringExecution" in affinity["podAntiAffinity"]
 
 
+@pytest.mark.parametrize("queued", [True, False])
+def test_a_queued_gang_is_one_kueue_pod_group_per_attempt(queued: bool) -> None:
+    builder = make_run("r1").with_replicas(3)
+    if queued:
+        builder = builder.with_template_label(c.LABEL_KUEUE_QUEUE, "team-a")
+
+    pods = [build_pod(builder.ref(), 2, None, AgentSettings(), 1, rank) for rank in range(3)]
+
+    groups = {p["metadata"]["labels"].get(c.LABEL_KUEUE_POD_GROUP) for p in pods}
+    counts = {p["metadata"]["annotations"].get(c.ANNOTATION_KUEUE_GROUP_COUNT) for p in pods}
+    assert (groups, counts) == (({"r1-2"}, {"3"}) if queued else ({None}, {None}))
+
+
 def test_one_pod_per_attempt_looks_as_before() -> None:
     pod = build_pod(make_run("r1").ref(), 2, None, AgentSettings(), epoch=1)
 

@@ -312,6 +312,9 @@ def build_pod(
     network: dict[str, Any] = {}
     if spec.replicas > 1:
         labels[c.LABEL_RANK] = str(rank)
+        if c.LABEL_KUEUE_QUEUE in labels:  # Kueue admits the attempt's pods as one group
+            labels[c.LABEL_KUEUE_POD_GROUP] = pod_name(run.name, attempt)
+            annotations[c.ANNOTATION_KUEUE_GROUP_COUNT] = str(spec.replicas)
         network = {
             "hostname": name,
             "subdomain": service_name(run.name),
