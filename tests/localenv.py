@@ -46,6 +46,8 @@ KWOK_NODE_ANNOTATION = "kwok.x-k8s.io/node"
 KWOK_NODE_SELECTOR = f"{KWOK_NODE_ANNOTATION}=fake"
 READY_TIMEOUT_S = 120
 RUNNER_PID_FILE = "runner.pid"  # in each pod runner's state folder (tests.podrunner)
+NETNS_DIR = Path("/run/netns")  # where ``ip netns`` keeps named network namespaces
+IP = shutil.which("ip") or "/usr/sbin/ip"
 
 
 def env_name() -> str:
@@ -58,6 +60,27 @@ def env_name() -> str:
 
 def state_dir(name: str | None = None) -> Path:
     return CACHE / "env" / (name or env_name())
+
+
+def netns_prefix(name: str) -> str:
+    """The pod runners name every network namespace they create for environment ``name``
+    (pods with a network of their own, and the hub joining them) with this prefix."""
+    return f"{name}-"
+
+
+def remove_network_namespaces(name: str) -> list[str]:
+    """Deletes the environment's network namespaces (what runners killed with SIGKILL left);
+    the veth pairs and the bridge in them go with them. Returns their names."""
+    removed = []
+    for path in sorted(NETNS_DIR.glob(f"{netns_prefix(name)}*")):
+        proc = subprocess.run(
+            [IP, "netns", "delete", path.name], capture_output=True, text=True, check=False
+        )
+        if proc.returncode == 0:
+            removed.append(path.name)
+        else:
+            _log(f"network namespace {path.name} not removed: {proc.stderr.strip()}")
+    return removed
 
 
 @dataclass(frozen=True)
@@ -478,7 +501,8 @@ def stop_operator(env: LocalEnv) -> int | None:
 
 
 def down(quiet: bool = False) -> None:
-    """Stops every process of this checkout's environment and removes its state."""
+    """Stops every process of this checkout's environment and removes its state and the
+    network namespaces its pod runners created."""
     name = env_name()
     sdir = state_dir(name)
     operator_pid = sdir / "operator.pid"
@@ -490,6 +514,7 @@ def down(quiet: bool = False) -> None:
     for pid_file in sdir.glob(f"podrunner/*/{RUNNER_PID_FILE}"):
         with contextlib.suppress(ValueError):
             stop_pid(int(pid_file.read_text() or 0))
+    remove_network_namespaces(name)  # those of pods, and the hub
     env_file = sdir / "env.json"
     if env_file.exists():
         with contextlib.suppress(Exception):

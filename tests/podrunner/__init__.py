@@ -1,7 +1,7 @@
 """The local pod runner: test and demo tooling that plays the kubelet for one node, so pods bound
 to that node run their containers as real local processes. Not part of the product.
 
-    python -m tests.podrunner --node NAME [--state-dir DIR] [--kubeconfig FILE]
+    python -m tests.podrunner --node NAME [--state-dir DIR] [--kubeconfig FILE] [--env NAME]
 
 What it does, like a kubelet (``restartPolicy: Never`` pods only; probes, resources, images,
 security contexts and restart policies other than Never are ignored):
@@ -31,8 +31,9 @@ security contexts and restart policies other than Never are ignored):
 - Status as the kubelet writes it: phase, ``initContainerStatuses`` / ``containerStatuses``
   (waiting/running/terminated, exitCode, reason Completed/Error, startedAt/finishedAt, message
   from the termination file, or with ``FallbackToLogsOnError`` the end of the log), conditions
-  PodScheduled, PodReadyToStartContainers, Initialized, ContainersReady, Ready, podIP 127.0.0.1,
-  startTime. Conditions others own (``DisruptionTarget`` from an eviction) are kept.
+  PodScheduled, PodReadyToStartContainers, Initialized, ContainersReady, Ready, podIP (127.0.0.1,
+  or the pod's own address, below), startTime. Conditions others own (``DisruptionTarget`` from
+  an eviction) are kept.
 - Deletion (``kubectl delete``, Eviction API): SIGTERM to the main containers, up to the
   deletion's grace, SIGKILL; then the sidecars the same way (at least 2 s); final status; then
   the pod object is deleted with grace 0.
@@ -41,6 +42,28 @@ security contexts and restart policies other than Never are ignored):
   ``DisruptionTarget`` condition (``TerminationByKubelet``); they are not deleted. The node then
   reports Ready=False and the runner exits. Container processes also get SIGKILL if the runner
   dies (``setpriv --pdeathsig``).
+
+Pods that set ``spec.subdomain`` (gang pods) get a network of their own, as on a real node
+(``tests.podrunner.podnet``); every other pod shares the machine's network, podIP 127.0.0.1:
+
+- A network namespace ``<env>-p<n>`` per pod with ``lo`` up and an address of 10.244.0.0/16,
+  unique among all runners of the environment (claims under ``podnet/`` in its state folder),
+  on a veth pair to bridge ``br0`` in the environment's hub namespace ``<env>-hub``, so pods of
+  two runner nodes reach each other. Nothing changes in the machine's own network namespace.
+- Every container of the pod runs in it (``nsenter --net``) with the pod's hostname
+  (``spec.hostname`` or its name, in a UTS namespace of its own); podIP, podIPs and
+  ``fieldRef status.podIP`` give the pod's address.
+- ``/etc/hosts`` is the pod's own file, bind-mounted: localhost, the pod's hostname and, for it
+  and each other pod of the namespace with the same subdomain and an address (on any node,
+  watched from the API), ``<hostname>.<subdomain>``, ``….<ns>.svc`` and
+  ``….<ns>.svc.cluster.local``; rewritten in place within a moment of a peer's change.
+- Each loopback port named by a URL in a container's env (``http://127.0.0.1:P``,
+  ``http://localhost:P``, such as ``AWS_ENDPOINT_URL``) is forwarded from the pod's loopback to
+  the machine's, streaming both ways. Nothing else outside 10.244.0.0/16 is reachable (no
+  default route: no internet, no API server).
+- The namespace, veth and forwarders go once the pod's containers have stopped (also on the
+  runner's SIGTERM); a runner starting up removes those of runners that died, and
+  ``localenv down`` every namespace of the environment.
 
 Simulating node trouble (signals to the runner process):
 
@@ -239,6 +262,8 @@ def start_runner(
         env.kubeconfig,
         "--shutdown-grace",
         str(shutdown_grace_s),
+        "--env",
+        env.name,
     ]
     if not taint:
         args.append("--no-taint")

@@ -23,6 +23,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--node", required=True, help="name of the node to register and run")
     parser.add_argument("--state-dir", type=Path, help="pod folders, logs, pid files")
     parser.add_argument("--kubeconfig", help="default: $KUBECONFIG, else the local environment's")
+    parser.add_argument(
+        "--env", help="environment whose pod networks this runner shares (default: this checkout's)"
+    )
     parser.add_argument("--cpu", default="32", help="allocatable cpu (scheduling only)")
     parser.add_argument("--memory", default="64Gi", help="allocatable memory (scheduling only)")
     parser.add_argument("--pods", default="110", help="allocatable pods")
@@ -37,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     kubeconfig = args.kubeconfig or os.environ.get("KUBECONFIG")
-    env_name = localenv.env_name()
+    env_name = args.env or localenv.env_name()
     if not kubeconfig:
         env = localenv.load()
         if env is None:
@@ -47,10 +50,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
             )
             return 2
-        kubeconfig, env_name = env.kubeconfig, env.name
+        kubeconfig, env_name = env.kubeconfig, args.env or env.name
     if os.geteuid() != 0:
         print(
-            "the pod runner needs root: it bind-mounts volumes in private mount namespaces",
+            "the pod runner needs root: it bind-mounts volumes in private mount namespaces and "
+            "gives pods network namespaces",
             file=sys.stderr,
         )
         return 2
@@ -61,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
         capacity={"cpu": args.cpu, "memory": args.memory, "pods": args.pods},
         taint=not args.no_taint,
         shutdown_grace_s=args.shutdown_grace,
+        env_name=env_name,
     )
     runner.install_signals()
     runner.run()

@@ -7,7 +7,9 @@ delete, and Secrets and ConfigMaps only from what it looked up before (a sidecar
 finds its credentials, as a kubelet's cache would).
 
 Each pod has a folder ``<state-dir>/<namespace>_<pod>/`` with, per container, ``<name>.log``,
-``<name>.pid`` (while it runs) and ``<name>.termination-log``, and ``volumes/<volume>/``.
+``<name>.pid`` (while it runs) and ``<name>.termination-log``, and ``volumes/<volume>/``. A pod
+with a subdomain also gets a network of its own (``tests.podrunner.podnet``), set up with its
+volumes and removed once its containers have stopped; its ``hosts`` file is in that folder too.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from kubernetes import client
 from tests.podrunner.link import Link
 from tests.podrunner.node import now
 from tests.podrunner.podapi import PodApi, PodGone
+from tests.podrunner.podnet import Networks, PodNet, wants_network
 from tests.podrunner.process import exit_code, launch, signal_group, stop, which
 from tests.podrunner.spec import (
+    POD_IP,
     ConfigError,
     command_line,
     container_env,
@@ -69,6 +73,7 @@ class Context:
     state_dir: Path
     shutdown_grace_s: float
     link: Link = field(default_factory=Link)
+    networks: Networks | None = None  # None: every pod shares the machine's network
 
 
 class PodWorker:
@@ -98,6 +103,7 @@ class PodWorker:
         self.lost = False
         self.shut_down = False
         self.start_time: str | None = None
+        self.net: PodNet | None = None
         self.api = PodApi(ctx.core, ctx.link, self.namespace, self.name, self.uid)
         self.volumes = PodVolumes(
             self.dir / "volumes", self.namespace, self.api.lookup, self.api.token
@@ -144,6 +150,8 @@ class PodWorker:
                 if c.proc and c.proc.poll() is None:
                     signal_group(c.proc.pid, signal.SIGKILL)
                     c.proc.wait(timeout=10)
+            if self.net:
+                self.net.close()
 
     def _live(self) -> None:
         status = self.pod().get("status") or {}
@@ -167,6 +175,8 @@ class PodWorker:
         if self.sandbox and not self.stop_requested() and self._run_init_containers():
             self._run_main_containers()
         self._terminate()
+        if self.net:
+            self.net.close()  # the pod keeps reporting its address, as the kubelet's does
         self.done = True
         self._write_status()
         log.info("pod %s/%s: %s", self.namespace, self.name, self._phase())
@@ -174,6 +184,8 @@ class PodWorker:
 
     def _prepare_volumes(self) -> bool:
         try:
+            if self.net is None and self.ctx.networks and wants_network(self.pod()):
+                self.net = self.ctx.networks.attach(self.pod(), self.dir / "hosts")
             self.volumes.prepare(self.pod())
         except ConfigError as e:
             for c in self.containers:
@@ -274,7 +286,7 @@ class PodWorker:
         pod = self.pod()
         term = self._file(c, "termination-log")
         try:
-            env = container_env(pod, c.spec, self.api.lookup)
+            env = container_env(pod, c.spec, self.api.lookup, self._pod_ip())
             mounts = mounts_of(c.spec, self.volumes.dirs, term)
         except ConfigError as e:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
@@ -299,7 +311,11 @@ class PodWorker:
                 }
             }
             return True
-        c.proc = launch(argv, env, mounts, c.spec.get("workingDir"), self._file(c, "log"))
+        identity = None
+        if self.net:
+            self.net.forward(env)
+            mounts, identity = [self.net.hosts_mount(), *mounts], self.net.identity
+        c.proc = launch(argv, env, mounts, c.spec.get("workingDir"), self._file(c, "log"), identity)
         self._file(c, "pid").write_text(str(c.proc.pid))
         c.state = {"running": {"startedAt": started}}
         c.restart_at = None
@@ -377,6 +393,9 @@ class PodWorker:
         log.info("pod %s/%s: lost with an earlier runner, marked Failed", self.namespace, self.name)
         self._write_status()
 
+    def _pod_ip(self) -> str:
+        return self.net.ip if self.net else POD_IP
+
     def _phase(self) -> str:
         return phase(self.containers, self._progress())
 
@@ -387,6 +406,7 @@ class PodWorker:
             lost=self.lost,
             shut_down=self.shut_down,
             start_time=self.start_time,
+            pod_ip=self._pod_ip(),
         )
 
     def _write_status(self) -> None:

@@ -5,7 +5,9 @@ signalled), its own private mount namespace with the pod's volumes bind-mounted 
 The chain is ``setpriv --pdeathsig KILL`` (the process dies with the runner thread that started
 it) → ``unshare --mount --propagation private`` → ``sh -c <mounts; cd; exec "$@">`` → the
 container's command, all ``exec``-ed in turn, so the pid the runner holds is the pid of the
-command itself. Needs root (mounts) and util-linux.
+command itself. A pod with a network of its own (``tests.podrunner.podnet``) adds
+``nsenter --net=<its netns>`` before ``unshare``, and ``--uts`` with the pod's hostname set first
+thing in the script. Needs root (mounts) and util-linux.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 # Absolute paths: the container's PATH may be anything its pod spec says.
 SETPRIV = shutil.which("setpriv") or "/usr/bin/setpriv"
 UNSHARE = shutil.which("unshare") or "/usr/bin/unshare"
+NSENTER = shutil.which("nsenter") or "/usr/bin/nsenter"
 MOUNT = shutil.which("mount") or "/usr/bin/mount"
 SH = "/bin/sh"
 
@@ -37,11 +40,23 @@ class Mount:
     is_file: bool = False
 
 
-def _mount_script(mounts: list[Mount], working_dir: str | None) -> str:
+@dataclass(frozen=True)
+class Identity:
+    """The network and host name of a pod with a network of its own: its containers enter the
+    network namespace at ``netns`` (a path such as /run/netns/NAME) and get a UTS namespace
+    named ``hostname``."""
+
+    netns: str
+    hostname: str
+
+
+def _mount_script(mounts: list[Mount], working_dir: str | None, hostname: str | None) -> str:
     """Shell lines run inside the new mount namespace before the command is exec-ed. Missing
     mount points are created on the host filesystem (empty folders or files, left in place)."""
     q = shlex.quote
     lines = ["set -e"]
+    if hostname:  # kernel.hostname belongs to the new UTS namespace
+        lines.append(f"printf %s {q(hostname)} > /proc/sys/kernel/hostname")
     for m in mounts:
         if m.is_file:
             parent = os.path.dirname(m.target) or "/"
@@ -63,21 +78,27 @@ def launch(
     mounts: list[Mount],
     working_dir: str | None,
     log_path: Path,
+    identity: Identity | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Starts ``argv`` with ``env`` in a new session and a private mount namespace."""
+    """Starts ``argv`` with ``env`` in a new session and a private mount namespace (and in the
+    pod's network and UTS namespaces with an ``identity``)."""
+    enter = [NSENTER, f"--net={identity.netns}", "--"] if identity else []
+    uts = ["--uts"] if identity else []
     wrapper = [
         SETPRIV,
         "--pdeathsig",
         "KILL",
         "--",
+        *enter,
         UNSHARE,
         "--mount",
+        *uts,
         "--propagation",
         "private",
         "--",
         SH,
         "-c",
-        _mount_script(mounts, working_dir),
+        _mount_script(mounts, working_dir, identity.hostname if identity else None),
         "container",  # $0 of the script
         *argv,
     ]

@@ -1,7 +1,9 @@
 """The runner process: registers the node, watches the pods bound to it and gives each one a
 ``PodWorker``; on SIGTERM it stops every pod as a graceful node shutdown does and exits. While
 its link to the API server is cut (a simulated partition) it drops whatever the pod watch still
-delivers; once healed it lists its pods again, so pods deleted meanwhile are stopped then."""
+delivers; once healed it lists its pods again, so pods deleted meanwhile are stopped then. Pods
+with a subdomain get networks of their own (``tests.podrunner.podnet``), shared with the other
+runners of the environment ``env_name``."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from kubernetes.client.rest import ApiException
 
 from tests.podrunner.link import HEAL_SIGNAL, PARTITION_SIGNAL, Link
 from tests.podrunner.node import NodeAgent
+from tests.podrunner.peers import PeerDirectory
 from tests.podrunner.pod import Context, PodWorker
+from tests.podrunner.podnet import Networks
 
 log = logging.getLogger("podrunner")
 
@@ -41,18 +45,21 @@ class Runner:
         capacity: dict[str, str],
         taint: bool = True,
         shutdown_grace_s: float = 30,
+        env_name: str | None = None,
     ) -> None:
         self.api = api_client(kubeconfig)
         self.core = client.CoreV1Api(self.api)
         self.link = Link()
         self.node = NodeAgent(self.api, node, capacity, taint=taint, link=self.link)
         state_dir.mkdir(parents=True, exist_ok=True)
+        networks = Networks(env_name, PeerDirectory(self.core, self.link)) if env_name else None
         self.ctx = Context(
             core=self.core,
             node=node,
             state_dir=state_dir,
             shutdown_grace_s=shutdown_grace_s,
             link=self.link,
+            networks=networks,
         )
         self.workers: dict[str, PodWorker] = {}
         self._lock = threading.Lock()
@@ -155,6 +162,8 @@ class Runner:
         signal.signal(HEAL_SIGNAL, lambda *_: self.heal())
 
     def run(self) -> None:
+        if self.ctx.networks:
+            self.ctx.networks.reclaim()  # what runners killed with SIGKILL left
         self.node.register()
         self.node.start()
         threading.Thread(target=self._watch_pods, name="pod-watch", daemon=True).start()

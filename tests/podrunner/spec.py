@@ -68,8 +68,14 @@ def format_map(values: dict[str, str]) -> str:
     return "\n".join(f"{k}={json.dumps(values[k], ensure_ascii=False)}" for k in sorted(values))
 
 
-def field_value(pod: dict[str, Any], path: str) -> str:
-    """The value of a ``fieldRef.fieldPath`` (env and downward API volumes)."""
+def pod_hostname(pod: dict[str, Any]) -> str:
+    """The pod's host name: ``spec.hostname``, else its name, as the kubelet sets it."""
+    return str((pod.get("spec") or {}).get("hostname") or pod["metadata"]["name"])
+
+
+def field_value(pod: dict[str, Any], path: str, pod_ip: str = POD_IP) -> str:
+    """The value of a ``fieldRef.fieldPath`` (env and downward API volumes); ``pod_ip`` is the
+    pod's address (its own with a network of its own, else the node's loopback)."""
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     labels = meta.get("labels") or {}
@@ -79,7 +85,7 @@ def field_value(pod: dict[str, Any], path: str) -> str:
         "metadata.uid": meta.get("uid", ""),
         "spec.nodeName": (pod.get("spec") or {}).get("nodeName", ""),
         "spec.serviceAccountName": (pod.get("spec") or {}).get("serviceAccountName", ""),
-        "status.podIP": POD_IP,
+        "status.podIP": pod_ip,
         "status.hostIP": POD_IP,
     }
     if path in simple:
@@ -109,13 +115,15 @@ def _key_ref(ref: dict[str, Any], kind: str, namespace: str, lookup: Lookup) -> 
     return data[ref["key"]]
 
 
-def container_env(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup) -> dict[str, str]:
+def container_env(
+    pod: dict[str, Any], container: dict[str, Any], lookup: Lookup, pod_ip: str = POD_IP
+) -> dict[str, str]:
     """The process environment of ``container``: a base (PATH with the venv, HOSTNAME, HOME),
     then ``envFrom``, then ``env`` in order, each value expanded against what came before."""
     namespace = pod["metadata"]["namespace"]
     env: dict[str, str] = {
         "PATH": DEFAULT_PATH,
-        "HOSTNAME": pod["metadata"]["name"],
+        "HOSTNAME": pod_hostname(pod),
         "HOME": "/root",
     }
     for source in container.get("envFrom") or []:
@@ -142,7 +150,7 @@ def container_env(pod: dict[str, Any], container: dict[str, Any], lookup: Lookup
         elif "configMapKeyRef" in source:
             value = _key_ref(source["configMapKeyRef"], "ConfigMap", namespace, lookup)
         elif "fieldRef" in source:
-            value = field_value(pod, source["fieldRef"]["fieldPath"])
+            value = field_value(pod, source["fieldRef"]["fieldPath"], pod_ip)
         else:
             raise ConfigError(f"env {name}: only value, secretKeyRef, configMapKeyRef and fieldRef")
         if value is not None:

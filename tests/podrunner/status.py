@@ -57,6 +57,7 @@ class Progress:
     lost: bool  # an earlier runner process started its containers
     shut_down: bool  # stopped by a graceful node shutdown
     start_time: str | None
+    pod_ip: str = POD_IP  # its own with a network of its own, else the node's loopback
 
 
 class Transitions:
@@ -191,8 +192,8 @@ def pod_status(
         "hostIPs": [{"ip": POD_IP}],
     }
     if progress.sandbox:
-        status["podIP"] = POD_IP
-        status["podIPs"] = [{"ip": POD_IP}]
+        status["podIP"] = progress.pod_ip
+        status["podIPs"] = [{"ip": progress.pod_ip}]
     if progress.start_time:
         status["startTime"] = progress.start_time
     if progress.shut_down:
