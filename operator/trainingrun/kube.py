@@ -185,7 +185,7 @@ class Kube:
             raise ApiError(f"{e.status} {_message(e)}") from e
         except urllib3.exceptions.HTTPError as e:
             raise ApiError(f"no answer: {e}") from e
-        response.release_conn()
+        _json(response)  # read to the end: a connection given back unread garbles the next call
         return True
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
