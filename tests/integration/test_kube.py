@@ -4,6 +4,7 @@ connection gets its own answer (an unread DELETE reply was once read as the next
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from typing import Any
 
@@ -30,7 +31,7 @@ def test_calls_after_a_delete_on_one_connection_get_their_own_answers(
     names = [f"p-{uuid.uuid4().hex[:6]}" for _ in range(3)]
     first, _ = kube.create_pod(_pod(namespace, names[0]))
 
-    for previous, name in zip(names, names[1:], strict=False):
+    for previous, name in itertools.pairwise(names):
         assert kube.delete_pod_by_uid(namespace, previous, None, grace_seconds=0)
         created, fresh = kube.create_pod(_pod(namespace, name))
         assert (created["metadata"]["name"], fresh) == (name, True)
