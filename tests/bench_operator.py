@@ -7,21 +7,32 @@ a watch. Reports p50, p99 and max of that latency, the operator process's peak R
 the CPU time the operator spent while the failures were handled, per replacement (a figure the
 other load on a shared machine disturbs less than the latency).
 
-    .venv/bin/python -m tests.bench_operator [--runs 500] [--rate 20] [--write docs/benchmarks.md]
+With ``--replicas R`` above 1, each run is a gang of R pods ``<run>-<attempt>-<rank>`` on R
+distinct nodes (at least R kwok nodes are made), and one member of each run (a rank drawn with
+``--seed``) is marked Failed. Per run it measures the time from that write until the first, and
+until all R, pods of attempt 2 appeared in the watch; then it checks, within ``--settle``
+seconds, that the other R-1 pods of attempt 1 are gone (the failed one stays for its logs) and
+that each run's status counts restarts 1 and preemptions 0, and counts the ERROR and WARNING
+lines the operator logged meanwhile. Its own section of the markdown.
 
-Uses the local environment (``make cluster``), starting it when it is not up. Every loop is
-bounded in count and time.
+    .venv/bin/python -m tests.bench_operator [--runs 500] [--replicas 1] [--rate 20]
+        [--write docs/benchmarks.md]
+
+Uses the local environment (``make cluster``), starting it when it is not up, in a namespace of
+its own. Every loop is bounded in count and time.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import random
 import statistics
 import sys
 import threading
 import time
 import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from kubernetes import client, config, watch
@@ -38,6 +49,9 @@ from trainingrun import api
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Operator: failed attempt to replacement pod"
+GANG_SECTION = "## Operator: failed gang member to the next attempt's pods"
+OPERATOR_LOG = REPO / "out" / "bench-operator.log"  # appended to, run after run
+EXITED = {"terminated": {"exitCode": 1, "reason": "Error"}}
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -52,23 +66,61 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
-def main(argv: list[str] | None = None) -> int:
+def pod_name(run: str, attempt: int, rank: int, replicas: int) -> str:
+    """The operator's name for a pod: ``<run>-<attempt>``, or ``<run>-<attempt>-<rank>``."""
+    return f"{run}-{attempt}" if replicas == 1 else f"{run}-{attempt}-{rank}"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--runs", type=int, default=500)
-    parser.add_argument("--nodes", type=int, default=20)
+    parser.add_argument(
+        "--replicas", type=int, default=1, help="pods per attempt (spec.replicas) of every run"
+    )
+    parser.add_argument(
+        "--nodes", type=int, default=20, help="kwok nodes; raised to --replicas when below it"
+    )
     parser.add_argument("--rate", type=float, default=20.0, help="failures injected per second")
+    parser.add_argument(
+        "--seed", type=int, default=0, help="seed of the failed member's rank (replicas > 1)"
+    )
     parser.add_argument(
         "--resync", type=float, default=30.0, help="operator resync interval (s) during the run"
     )
-    parser.add_argument("--timeout", type=float, default=900.0, help="bound on the whole run (s)")
+    parser.add_argument(
+        "--timeout", type=float, default=900.0, help="bound on the run up to the replacements (s)"
+    )
+    parser.add_argument(
+        "--settle",
+        type=float,
+        default=180.0,
+        help="replicas > 1: bound on the wait for attempt 1's other pods to go and the counters",
+    )
     parser.add_argument(
         "--write", type=Path, help="replace the operator section of this markdown file"
     )
     args = parser.parse_args(argv)
-    deadline = time.monotonic() + args.timeout
+    if args.runs < 1 or args.replicas < 1 or args.rate <= 0:
+        parser.error("--runs and --replicas must be at least 1, --rate above 0")
+    # The operator's anti-affinity puts the pods of one attempt on distinct nodes.
+    args.nodes = max(args.nodes, args.replicas)
+    return args
 
+
+@dataclass
+class Cluster:
+    """The bench's handles on the local environment and what it created there."""
+
+    env: localenv.LocalEnv
+    core: client.CoreV1Api
+    custom: client.CustomObjectsApi
+    ns: str
+    nodes: list[str] = field(default_factory=list)
+
+
+def set_up(node_count: int) -> Cluster:
     env = localenv.up()
     env.kubectl("apply", "-f", str(REPO / "crds" / "trainingrun.yaml"))
     env.kubectl(
@@ -76,168 +128,352 @@ def main(argv: list[str] | None = None) -> int:
     )
     api_client = config.new_client_from_config(config_file=env.kubeconfig)
     core = client.CoreV1Api(api_client)
-    custom = client.CustomObjectsApi(api_client)
-
     ns = f"bench-{uuid.uuid4().hex[:6]}"
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=ns)))
-    core.create_namespaced_secret(ns, credentials_secret(env))
-    nodes = [f"bench-{ns}-{i}" for i in range(args.nodes)]
-    for n in nodes:
+    cluster = Cluster(env, core, client.CustomObjectsApi(api_client), ns)
+    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=cluster.ns)))
+    core.create_namespaced_secret(cluster.ns, credentials_secret(env))
+    for i in range(node_count):
+        name = f"bench-{cluster.ns}-{i}"
         core.create_node(
             client.V1Node(
                 metadata=client.V1ObjectMeta(
-                    name=n,
+                    name=name,
                     annotations={localenv.KWOK_NODE_ANNOTATION: "fake"},
-                    labels={"type": "kwok", "bench": ns},
+                    labels={"type": "kwok", "bench": cluster.ns},
                 ),
             )
         )
+        cluster.nodes.append(name)
+    return cluster
 
-    log_path = REPO / "out" / "bench-operator.log"
-    log_path.parent.mkdir(exist_ok=True)
+
+def tear_down(cluster: Cluster) -> None:
+    core, ns = cluster.core, cluster.ns
+    core.delete_namespace(ns)
+    # Wait for the namespace to go, so a following run does not share the machine with it.
+    gone_by = time.monotonic() + 300
+    while time.monotonic() < gone_by:
+        try:
+            core.read_namespace(ns)
+        except client.ApiException:
+            break
+        time.sleep(2)
+    for n in cluster.nodes:
+        with contextlib.suppress(client.ApiException):
+            core.delete_node(n)
+
+
+def start_operator(cluster: Cluster, resync: float) -> OperatorProcess:
+    OPERATOR_LOG.parent.mkdir(exist_ok=True)
     op = OperatorProcess(
-        env,
-        log_path,
+        cluster.env,
+        OPERATOR_LOG,
         extra_env={
-            "TRAININGRUN_RESYNC_SECONDS": str(args.resync),
-            "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": str(args.resync),
+            "TRAININGRUN_RESYNC_SECONDS": str(resync),
+            "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": str(resync),
         },
     )
     op.start()
-    assert op.proc is not None
-    created_at: dict[str, float] = {}
-    stop = threading.Event()
+    return op
 
-    replacement = "trainingrun.dev/attempt=2"
 
-    def watch_pods() -> None:
+class ReplacementWatch:
+    """First sight, by pod name, of each attempt-2 pod in a watch of the namespace."""
+
+    def __init__(self, cluster: Cluster, deadline: float) -> None:
+        self.created_at: dict[str, float] = {}
+        self._cluster = cluster
+        self._deadline = deadline
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _watch(self) -> None:
         # Only replacement pods, so the watcher keeps up; short watches, each starting with the
         # current list, so nothing created between two of them is missed.
         w = watch.Watch()
-        while not stop.is_set() and time.monotonic() < deadline:
+        while not self._stop.is_set() and time.monotonic() < self._deadline:
             for ev in w.stream(
-                core.list_namespaced_pod, ns, label_selector=replacement, timeout_seconds=5
+                self._cluster.core.list_namespaced_pod,
+                self._cluster.ns,
+                label_selector="trainingrun.dev/attempt=2",
+                timeout_seconds=5,
             ):
                 if ev["type"] == "ADDED":
-                    created_at.setdefault(ev["object"].metadata.name, time.monotonic())
-                if stop.is_set():
+                    self.created_at.setdefault(ev["object"].metadata.name, time.monotonic())
+                if self._stop.is_set():
                     break
 
-    watcher = threading.Thread(target=watch_pods, daemon=True)
-    try:
-        names = [f"r{i:04d}" for i in range(args.runs)]
-        t0 = time.monotonic()
-        for name in names:
-            body = trainingrun(
-                name,
-                env,
-                f"bench-{ns}",
-                restart_policy={
-                    "maxRestarts": 10,
-                    "crashLoopLimit": 10,
-                    "backoff": {"initialSeconds": 0, "maxSeconds": 0},
-                },
-            )
-            body["spec"]["template"]["spec"]["nodeSelector"] = {"bench": ns}
-            custom.create_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL, body)
-        print(f"created {args.runs} TrainingRuns in {time.monotonic() - t0:.1f}s", flush=True)
 
-        def running() -> int:
-            pods = core.list_namespaced_pod(ns, label_selector="trainingrun.dev/attempt=1").items
-            return sum(1 for p in pods if p.status.phase == "Running")
-
-        while (count := running()) < args.runs:
-            if time.monotonic() > deadline:
-                raise SystemExit(
-                    f"only {count}/{args.runs} attempt-1 pods running before the timeout"
-                )
-            print(f"  {count}/{args.runs} attempt-1 pods running", flush=True)
-            time.sleep(3)
-        print(
-            f"all {args.runs} attempt-1 pods running after {time.monotonic() - t0:.1f}s", flush=True
+def create_runs(cluster: Cluster, names: list[str], replicas: int) -> None:
+    t0 = time.monotonic()
+    for name in names:
+        body = trainingrun(
+            name,
+            cluster.env,
+            f"bench-{cluster.ns}",
+            restart_policy={
+                "maxRestarts": 10,
+                "crashLoopLimit": 10,
+                "backoff": {"initialSeconds": 0, "maxSeconds": 0},
+            },
         )
-        watcher.start()
-        time.sleep(1)
+        body["spec"]["template"]["spec"]["nodeSelector"] = {"bench": cluster.ns}
+        if replicas > 1:
+            body["spec"]["replicas"] = replicas
+        cluster.custom.create_namespaced_custom_object(
+            api.GROUP, api.VERSION, cluster.ns, api.PLURAL, body
+        )
+    print(f"created {len(names)} TrainingRuns in {time.monotonic() - t0:.1f}s", flush=True)
 
-        failed_at: dict[str, float] = {}
-        cpu_before = cpu_seconds(op.proc.pid)
-        interval = 1.0 / args.rate
-        exited = {"terminated": {"exitCode": 1, "reason": "Error"}}
-        t_start = time.monotonic()
-        for i, name in enumerate(names):
-            target = t_start + i * interval
-            time.sleep(max(0.0, target - time.monotonic()))
-            resp = core.patch_namespaced_pod_status(
-                f"{name}-1",
-                ns,
-                {
-                    "status": {
-                        "phase": "Failed",
-                        "containerStatuses": [container_status("trainer", exited)],
-                    }
-                },
-                _preload_content=False,
-            )
-            failed_at[name] = time.monotonic()
-            resp.read()
-            resp.release_conn()
-        while (
-            sum(1 for n in names if f"{n}-2" in created_at) < args.runs
-            and time.monotonic() < deadline
+
+def wait_attempt_1_running(cluster: Cluster, expected: int, t0: float, deadline: float) -> None:
+    def running() -> int:
+        pods = cluster.core.list_namespaced_pod(
+            cluster.ns, label_selector="trainingrun.dev/attempt=1"
+        ).items
+        return sum(1 for p in pods if p.status.phase == "Running")
+
+    while (count := running()) < expected:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"only {count}/{expected} attempt-1 pods running before the timeout")
+        print(f"  {count}/{expected} attempt-1 pods running", flush=True)
+        time.sleep(3)
+    print(f"all {expected} attempt-1 pods running after {time.monotonic() - t0:.1f}s", flush=True)
+
+
+def inject_failures(
+    cluster: Cluster, victims: dict[str, str], rate: float, deadline: float
+) -> dict[str, float]:
+    """Marks each run's victim pod Failed, at ``rate`` per second; when each write returned."""
+    failed_at: dict[str, float] = {}
+    interval = 1.0 / rate
+    failed = {
+        "status": {"phase": "Failed", "containerStatuses": [container_status("trainer", EXITED)]}
+    }
+    t_start = time.monotonic()
+    for i, (run, pod) in enumerate(victims.items()):
+        target = t_start + i * interval
+        if target > deadline:
+            raise SystemExit(f"timed out injecting failures ({i}/{len(victims)} done)")
+        time.sleep(max(0.0, target - time.monotonic()))
+        resp = cluster.core.patch_namespaced_pod_status(
+            pod,
+            cluster.ns,
+            failed,
+            _preload_content=False,
+        )
+        failed_at[run] = time.monotonic()
+        resp.read()
+        resp.release_conn()
+    return failed_at
+
+
+@dataclass
+class Latencies:
+    """Per run, in failure order, from its Failed write: to the first and to the last pod of
+    attempt 2 seen (runs with all ``replicas`` pods seen only, for the last)."""
+
+    first: list[float]
+    all: list[float]
+    missing: int  # runs without every pod of attempt 2 seen
+
+
+def wait_replacements(
+    seen: dict[str, float],
+    names: list[str],
+    failed_at: dict[str, float],
+    replicas: int,
+    deadline: float,
+) -> Latencies:
+    wanted = [pod_name(n, 2, r, replicas) for n in names for r in range(replicas)]
+    while sum(1 for p in wanted if p in seen) < len(wanted) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    first, last = [], []
+    for n in names:
+        times = [seen[p] for r in range(replicas) if (p := pod_name(n, 2, r, replicas)) in seen]
+        if times:
+            first.append(min(times) - failed_at[n])
+        if len(times) == replicas:
+            last.append(max(times) - failed_at[n])
+    return Latencies(first, last, len(names) - len(last))
+
+
+@dataclass
+class GangCheck:
+    """What is left of attempt 1 and what the runs' statuses say, once settled or timed out."""
+
+    others_present: int  # pods of attempt 1 other than the failed one still there
+    others_not_deleted: int  # of those, without a deletionTimestamp (never asked to go)
+    victims_kept: int  # failed pods still there, for their logs
+    counter_mismatches: int  # runs whose status is not restarts 1, preemptions 0
+    seconds: float  # from the start of the check until settled (or the bound)
+
+
+def check_gangs(cluster: Cluster, victims: dict[str, str], bound: float) -> GangCheck:
+    t0 = time.monotonic()
+    failed = set(victims.values())
+    while True:
+        pods = cluster.core.list_namespaced_pod(
+            cluster.ns, label_selector="trainingrun.dev/attempt=1"
+        ).items
+        others = [p for p in pods if p.metadata.name not in failed]
+        runs = cluster.custom.list_namespaced_custom_object(
+            api.GROUP, api.VERSION, cluster.ns, api.PLURAL
+        )["items"]
+        counters = [
+            ((r.get("status") or {}).get("restarts"), (r.get("status") or {}).get("preemptions"))
+            for r in runs
+        ]
+        result = GangCheck(
+            others_present=len(others),
+            others_not_deleted=sum(1 for p in others if not p.metadata.deletion_timestamp),
+            victims_kept=sum(1 for p in pods if p.metadata.name in failed),
+            counter_mismatches=sum(1 for c in counters if c != (1, 0)) + len(victims) - len(runs),
+            seconds=time.monotonic() - t0,
+        )
+        if (result.others_present == 0 and result.counter_mismatches == 0) or (
+            result.seconds > bound
         ):
-            time.sleep(0.5)
-        latencies = [created_at[f"{n}-2"] - failed_at[n] for n in names if f"{n}-2" in created_at]
-        missing = args.runs - len(latencies)
-        rss = peak_rss_mb(op.proc.pid)
-        cpu_ms = (cpu_seconds(op.proc.pid) - cpu_before) * 1000 / max(len(latencies), 1)
-    finally:
-        stop.set()
-        op.stop()
-        core.delete_namespace(ns)
-        # Wait for the namespace to go, so a following run does not share the machine with it.
-        gone_by = time.monotonic() + 300
-        while time.monotonic() < gone_by:
-            try:
-                core.read_namespace(ns)
-            except client.ApiException:
-                break
-            time.sleep(2)
-        for n in nodes:
-            with contextlib.suppress(client.ApiException):
-                core.delete_node(n)
+            return result
+        time.sleep(2)
 
-    p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
-    # In failure order: a tail that grows from fifth to fifth is a backlog, a flat one is not.
-    ordered = [created_at[f"{n}-2"] - failed_at[n] for n in names if f"{n}-2" in created_at]
+
+def by_fifth(ordered: list[float], q: float = 0.99) -> list[float]:
+    """A percentile by fifth, in failure order: a tail that grows from fifth to fifth is a
+    backlog, a flat one is not."""
     fifth = max(len(ordered) // 5, 1)
     chunks = [ordered[i : i + fifth] for i in range(0, fifth * 5, fifth)]
-    by_fifth = [percentile(chunk, 0.99) for chunk in chunks if chunk]
+    return [percentile(chunk, q) for chunk in chunks if chunk]
+
+
+def log_problems(path: Path, start: int) -> tuple[int, int]:
+    """ERROR and WARNING lines the operator logged from byte ``start`` of its log on."""
+    with path.open("rb") as f:
+        f.seek(start)
+        lines = f.read().decode(errors="replace").splitlines()
+    return sum(1 for x in lines if " ERROR " in x), sum(1 for x in lines if " WARNING " in x)
+
+
+def single_lines(
+    args: argparse.Namespace, lat: Latencies, rss: float, cpu_ms: float
+) -> tuple[list[str], bool]:
+    latencies = lat.all
+    p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
     lines = [
         f"- runs: {args.runs} on {args.nodes} kwok nodes; failures injected at {args.rate:g}/s",
         f"- failed pod to replacement pod: p50 {p50:.3f} s, p99 {p99:.3f} s, "
         f"max {max(latencies):.3f} s, mean {statistics.mean(latencies):.3f} s; "
-        f"replacements missing: {missing}",
+        f"replacements missing: {lat.missing}",
         "- p99 by fifth of the failures, in order: "
-        + ", ".join(f"{v:.2f}" for v in by_fifth)
+        + ", ".join(f"{v:.2f}" for v in by_fifth(latencies))
         + " s",
         f"- operator peak RSS (VmHWM): {rss:.0f} MB; operator CPU per replacement: {cpu_ms:.1f} ms",
         "- targets: p99 <= 2 s, RSS <= 200 MB: "
-        + ("met" if p99 <= 2 and rss <= 200 and missing == 0 else "NOT met"),
+        + ("met" if p99 <= 2 and rss <= 200 and lat.missing == 0 else "NOT met"),
     ]
+    return lines, lat.missing == 0
+
+
+def figures(values: list[float]) -> str:
+    if not values:
+        return "none seen"
+    return (
+        f"p50 {percentile(values, 0.50):.3f} s, p99 {percentile(values, 0.99):.3f} s, "
+        f"max {max(values):.3f} s, mean {statistics.mean(values):.3f} s"
+    )
+
+
+def gang_lines(
+    args: argparse.Namespace,
+    lat: Latencies,
+    rss: float,
+    cpu_ms: float,
+    check: GangCheck,
+    problems: tuple[int, int],
+) -> tuple[list[str], bool]:
+    r, others = args.replicas, args.runs * (args.replicas - 1)
+    p99 = percentile(lat.all, 0.99) if lat.all else float("inf")
+    clean = lat.missing == 0 and check.others_present == 0 and check.counter_mismatches == 0
+    lines = [
+        f"- runs: {args.runs} of {r} pods (spec.replicas {r}) on {args.nodes} kwok nodes; "
+        f"one member of each run (rank drawn with seed {args.seed}) failed at {args.rate:g}/s",
+        f"- failed member to all {r} pods of the next attempt: {figures(lat.all)}; "
+        f"runs without all {r}: {lat.missing}",
+        f"- failed member to the first pod of the next attempt: {figures(lat.first)}",
+        "- to all pods by fifth of the failures, in order: p50 "
+        + ", ".join(f"{v:.2f}" for v in by_fifth(lat.all, 0.50))
+        + " s; p99 "
+        + ", ".join(f"{v:.2f}" for v in by_fifth(lat.all))
+        + " s",
+        f"- operator peak RSS (VmHWM): {rss:.0f} MB; operator CPU per replacement "
+        f"(a gang of {r}): {cpu_ms:.1f} ms",
+        f"- other pods of attempt 1 still there: {check.others_present} of {others} "
+        f"({check.others_not_deleted} not asked to go), checked {check.seconds:.0f} s after "
+        f"the replacements; failed pods kept for their logs: {check.victims_kept} of {args.runs}",
+        f"- runs whose status is not restarts 1, preemptions 0: {check.counter_mismatches}",
+        f"- operator log of the run: {problems[0]} ERROR lines, {problems[1]} WARNING lines",
+        "- targets (those of replicas 1, on all pods): p99 <= 2 s, RSS <= 200 MB, nothing left "
+        "over, counters right: " + ("met" if clean and p99 <= 2 and rss <= 200 else "NOT met"),
+    ]
+    return lines, clean
+
+
+def write(path: Path, section: str, argv: list[str] | None, lines: list[str]) -> None:
+    cmd = "python -m tests.bench_operator " + " ".join(argv if argv is not None else sys.argv[1:])
+    stamp = time.strftime("%Y-%m-%d", time.gmtime())
+    text = (
+        f"{section} ({stamp})\n\n"
+        f"Command: `{cmd.strip()}` (2 cores, local kwok control plane)\n\n"
+        + "\n".join(lines)
+        + "\n"
+    )
+    write_section(path, text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    deadline = time.monotonic() + args.timeout
+    cluster = set_up(args.nodes)
+    log_from = OPERATOR_LOG.stat().st_size if OPERATOR_LOG.exists() else 0
+    op = start_operator(cluster, args.resync)
+    assert op.proc is not None
+    watcher = ReplacementWatch(cluster, deadline)
+    try:
+        names = [f"r{i:04d}" for i in range(args.runs)]
+        t0 = time.monotonic()
+        create_runs(cluster, names, args.replicas)
+        wait_attempt_1_running(cluster, args.runs * args.replicas, t0, deadline)
+        watcher.start()
+        time.sleep(1)
+
+        rng = random.Random(args.seed)
+        victims = {n: pod_name(n, 1, rng.randrange(args.replicas), args.replicas) for n in names}
+        cpu_before = cpu_seconds(op.proc.pid)
+        failed_at = inject_failures(cluster, victims, args.rate, deadline)
+        lat = wait_replacements(watcher.created_at, names, failed_at, args.replicas, deadline)
+        rss = peak_rss_mb(op.proc.pid)
+        cpu_ms = (cpu_seconds(op.proc.pid) - cpu_before) * 1000 / max(len(lat.all), 1)
+        check = check_gangs(cluster, victims, args.settle) if args.replicas > 1 else None
+    finally:
+        watcher.stop()
+        op.stop()
+        tear_down(cluster)
+
+    if check is None:
+        lines, ok = single_lines(args, lat, rss, cpu_ms)
+    else:
+        problems = log_problems(OPERATOR_LOG, log_from)
+        lines, ok = gang_lines(args, lat, rss, cpu_ms, check, problems)
     print("\n".join(lines))
     if args.write:
-        cmd = "python -m tests.bench_operator " + " ".join(
-            argv if argv is not None else sys.argv[1:]
-        )
-        stamp = time.strftime("%Y-%m-%d", time.gmtime())
-        text = (
-            f"{SECTION} ({stamp})\n\n"
-            f"Command: `{cmd.strip()}` (2 cores, local kwok control plane)\n\n"
-            + "\n".join(lines)
-            + "\n"
-        )
-        write_section(args.write, text)
-    return 0 if missing == 0 else 1
+        write(args.write, SECTION if check is None else GANG_SECTION, argv, lines)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
