@@ -14,6 +14,11 @@ folders, and once training finished the final weights in ``final/model.safetenso
 ``--loss-log FILE`` (``-`` for stdout), one JSON line per optimizer step:
 ``{"step": 12, "loss": 5.41...}``.
 Every option also reads a ``FINETUNE_*`` variable (``--step-delay`` <- ``FINETUNE_STEP_DELAY``).
+
+It runs unchanged under ``torchrun`` (DDP over gloo on CPU, e.g. 2 nodes x 1 process, each node
+with its own checkpoint folder): the loss log and the final weights come from rank 0 only, and two
+runs with the same arguments and world size give bitwise the same weights, stopped and resumed or
+not (``tests/e2e/ddp_check.py``). The batch size is per process.
 """
 
 from __future__ import annotations
@@ -77,7 +82,8 @@ class StepLog(TrainerCallback):
         self.delay = delay
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Any = None, **kw: Any) -> None:
-        if not (self.path and logs and "loss" in logs):
+        # Every rank logs the same loss (averaged over the ranks): one writes it.
+        if not (state.is_world_process_zero and self.path and logs and "loss" in logs):
             return
         line = json.dumps({"step": state.global_step, "loss": logs["loss"]}) + "\n"
         if str(self.path) == "-":
@@ -162,6 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         report_to=[],
         dataloader_num_workers=0,
         disable_tqdm=True,
+        # Under torchrun (WORLD_SIZE > 1): DDP over gloo, the CPU backend, whatever else torch was
+        # built with (accelerate would take MPI when available).
+        ddp_backend="gloo" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else None,
     )
     trainer = Trainer(
         model=model,
@@ -176,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         code = hf.train(trainer)
     if code == 0:
-        trainer.save_model(str(output / "final"))
+        trainer.save_model(str(output / "final"))  # by world process zero only (should_save)
     return code
 
 

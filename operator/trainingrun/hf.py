@@ -21,6 +21,18 @@ The callback:
   one put back at train end, so outside ``trainer.train`` SIGTERM ends the process as before;
 - writes progress (step, max steps) for the sidecar to publish.
 
+Multi-node (torch.distributed with more than one process, e.g. ``torchrun`` with one process per
+node, each node with its own checkpoint folder and sync sidecar): SIGTERM reaches one pod only and
+a notice reaches the sidecars at different moments, so the stop is decided together. At each step
+end the ranks all_reduce (MAX) a one-element flag, and every rank saves the same
+``checkpoint-<step>`` and stops after it; a rank saving alone would wait forever in the save's
+collectives. Each node's local process zero marks its node's folder complete after a barrier, once
+every process has written its files there: with the Trainer's defaults node 0's folder holds the
+model, optimizer, scheduler, ``trainer_state.json`` and ``rng_state_0.pth``, another node's only
+its ranks' ``rng_state_<rank>.pth``, that node's part of the checkpoint. A node whose folder was
+not created is not marked. Progress is written by world process zero only. Under ``torchrun``
+the container exits with torchrun's code: 1 after an early stop, not the worker's 143.
+
 Exit code: a run stopped early exits ``EXIT_STOPPED`` (143, as if SIGTERM had ended it), never 0.
 The operator counts a trainer exit 0 as success before anything else, so an early stop reported
 as 0 would end a half-trained run as Succeeded; with 143 the attempt is classified by what
@@ -50,6 +62,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainingrun import local
@@ -57,6 +71,32 @@ from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPP
 from trainingrun.manifest import checkpoint_dirname
 
 log = logging.getLogger("trainingrun.hf")
+
+# The stop reason of a rank that was not asked to stop itself but stops with the others.
+PEER_STOP = "stop requested on another rank"
+# Backends that reduce CPU tensors; the others (NCCL and the like) only the rank's device's.
+_CPU_BACKENDS = ("gloo", "mpi")
+
+
+def world_size() -> int:
+    """The number of processes of the torch.distributed job, 1 outside one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_world_size()
+    return 1
+
+
+def reduce_device(args: TrainingArguments) -> torch.device:
+    """Where the ranks' flags are reduced: the CPU for gloo, else the rank's device."""
+    backend = str(dist.get_backend())
+    return torch.device("cpu") if any(b in backend for b in _CPU_BACKENDS) else args.device
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether ``flag`` is set on any rank: one one-element all_reduce MAX on ``device``. A
+    collective: every rank calls it at the same point."""
+    value = torch.tensor([int(flag)], dtype=torch.int32, device=device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
 
 
 def resume_checkpoint() -> str | None:
@@ -134,6 +174,11 @@ class TrainingRunCallback(TrainerCallback):
         # Checked before progress is written: whoever reads step N and then asks for a save
         # gets checkpoint-(N+1), never N.
         reason = self._signalled or local.save_requested(folder)
+        asked = reason is not None or self.stop_reason is not None
+        # Every rank reaches every step end, so the all_reduce lines up; only under
+        # torch.distributed, where a rank must not stop (or save) alone.
+        if world_size() > 1 and any_rank(asked, reduce_device(args)) and not asked:
+            reason = PEER_STOP
         if reason and self.stop_reason is None:
             self.stop_reason = reason
             log.warning("%s: saving checkpoint-%d and stopping", reason, state.global_step)
@@ -147,8 +192,14 @@ class TrainingRunCallback(TrainerCallback):
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        if not state.is_world_process_zero:
-            return
+        if world_size() > 1:
+            # _save_checkpoint has no barrier after the rng states: each process writes its
+            # rng_state_<rank>.pth (process zero the rest first) and goes on to on_save. The
+            # barrier makes the marker below follow every file of every process of the node.
+            # Every rank saves at the same steps (save_steps, the stop decided together).
+            dist.barrier()
+        if not state.is_local_process_zero:
+            return  # the processes of a node share its folder: one marks it
         folder = Path(str(args.output_dir)) / checkpoint_dirname(state.global_step)
         if folder.is_dir():
             local.mark_complete(folder)

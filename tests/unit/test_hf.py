@@ -1,8 +1,10 @@
 """The HuggingFace Trainer callback's logic with transformers' real TrainerControl, TrainerState
 and TrainingArguments, no training: SIGTERM and the save-now request become a save and a stop at
 the next step end; the SIGTERM handler lives only between train begin and train end (and is put
-back when training raises); completion markers after a save; progress; the resume folder; the
-exit code of an early stop. Also: the example manifest is a valid TrainingRun of the example."""
+back when training raises); completion markers after a save, by each node's local process zero;
+a single process makes no collective call; progress; the resume folder; the exit code of an early
+stop. Also: the example manifests (one pod, and a 2-node torchrun gang) are valid TrainingRuns of
+the example. The multi-process behaviour is in test_hf_distributed.py."""
 
 from __future__ import annotations
 
@@ -48,9 +50,12 @@ def sentinel_handler() -> Iterator[Any]:
     signal.signal(signal.SIGTERM, before)
 
 
-def state(step: int, max_steps: int = 60, world_zero: bool = True) -> TrainerState:
+def state(
+    step: int, max_steps: int = 60, world_zero: bool = True, local_zero: bool = True
+) -> TrainerState:
     s = TrainerState(global_step=step, max_steps=max_steps)
     s.is_world_process_zero = world_zero
+    s.is_local_process_zero = local_zero
     return s
 
 
@@ -159,19 +164,49 @@ def test_on_save_marks_the_saved_checkpoint_complete(args: TrainingArguments, ck
     assert not (other / local.COMPLETE_MARKER).exists()
 
 
+def test_on_save_marks_another_nodes_folder_too(args: TrainingArguments, ckdir: Path) -> None:
+    """Node 1's process: local process zero of its node, not world process zero."""
+    folder = Path(str(args.output_dir)) / "checkpoint-7"
+    folder.mkdir(parents=True)
+    hf.TrainingRunCallback(ckdir).on_save(args, state(7, world_zero=False), TrainerControl())
+    assert (folder / local.COMPLETE_MARKER).exists()
+
+
 @pytest.mark.parametrize(
-    ("exists", "world_zero"),
+    ("exists", "local_zero"),
     [(False, True), (True, False)],
-    ids=["folder-missing", "not-main-process"],
+    ids=["folder-missing", "not-local-process-zero"],
 )
 def test_on_save_marks_nothing(
-    args: TrainingArguments, ckdir: Path, exists: bool, world_zero: bool
+    args: TrainingArguments, ckdir: Path, exists: bool, local_zero: bool
 ) -> None:
     folder = Path(str(args.output_dir)) / "checkpoint-7"
     if exists:
         folder.mkdir(parents=True)
-    hf.TrainingRunCallback(ckdir).on_save(args, state(7, world_zero=world_zero), TrainerControl())
+    callback = hf.TrainingRunCallback(ckdir)
+    callback.on_save(args, state(7, world_zero=local_zero, local_zero=local_zero), TrainerControl())
     assert not (folder / local.COMPLETE_MARKER).exists()
+    assert folder.exists() == exists  # a missing folder is not created either
+
+
+def test_a_single_process_makes_no_collective_call(
+    args: TrainingArguments, ckdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without torch.distributed (or with one process) nothing waits for other ranks."""
+
+    def collective(*a: Any, **kw: Any) -> None:
+        raise AssertionError("collective call in a single process")
+
+    monkeypatch.setattr(hf, "any_rank", collective)
+    monkeypatch.setattr(hf.dist, "barrier", collective)
+    assert hf.world_size() == 1
+    run = Run(args, ckdir).begin()
+    local.request_save(ckdir, "notice")
+    assert run.step_end(3).should_training_stop
+    folder = Path(str(args.output_dir)) / "checkpoint-3"
+    folder.mkdir(parents=True)
+    run.callback.on_save(args, state(3), run.control)
+    assert (folder / local.COMPLETE_MARKER).exists()
 
 
 def test_resume_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -273,6 +308,25 @@ def test_sigterm_after_training_ends_the_process_again(tmp_path: Path) -> None:
     )
     assert proc.returncode == -signal.SIGTERM, proc.stderr[-2000:]
     assert proc.stdout.splitlines() == ["survived while training"]
+
+
+def test_multinode_manifest_runs_the_example_under_torchrun() -> None:
+    """Two pods, torchrun with no node arguments (the operator sets PET_*), the gang defaults
+    its comments state, a grace period above torchrun's shutdown timeout."""
+    manifest = yaml.safe_load((REPO / "examples" / "trainingrun-multinode.yaml").read_text())
+    spec = TrainingRunSpec.model_validate(manifest["spec"])
+    assert spec.replicas == 2
+    assert (spec.gang.master_port, spec.gang.start_timeout_seconds) == (29500, 600)
+    assert manifest["spec"]["gang"] == {"masterPort": 29500, "startTimeoutSeconds": 600}
+    (trainer,) = spec.template["spec"]["containers"]
+    command = [*trainer["command"], *trainer["args"]]
+    assert command[0] == "torchrun"
+    assert "examples/finetune.py" in command
+    assert (REPO / "examples" / "finetune.py").is_file()
+    node_options = ("--nnodes", "--node-rank", "--node_rank", "--master-addr", "--master-port")
+    assert not [a for a in command if a.startswith(node_options)]
+    shutdown = next(int(a.split("=")[1]) for a in command if a.startswith("--shutdown-timeout="))
+    assert shutdown < spec.preemption.termination_grace_period_seconds
 
 
 def test_example_manifest_runs_the_example_script() -> None:
