@@ -449,6 +449,24 @@ def test_sigkill_of_a_container_process_gives_137(
     assert runner.pid_of(namespace, "killed", "trainer") is None
 
 
+@pytest.mark.parametrize("how", ["exits", "deleted"])
+def test_a_containers_processes_in_a_session_of_their_own_end_with_it(
+    runner: RunnerHandle, core_v1: Any, namespace: str, tmp_path: Path, how: str
+) -> None:
+    """A child that started its own session (torchrun's workers do) escapes a signal to the
+    container's process group; it ends with its container all the same, as in a runtime."""
+    pidfile = tmp_path / "child.pid"
+    wait = "sleep 2" if how == "exits" else "sleep 300"
+    script = f"setsid sleep 600 & echo $! > {pidfile}; {wait}"
+    create(core_v1, namespace, make_pod("orphan", runner.node, [sh("trainer", script)]))
+    child = wait_for(lambda: pidfile.exists() and int(pidfile.read_text() or 0), 30, "the child")
+    assert pid_alive(child)
+    if how == "deleted":
+        core_v1.delete_namespaced_pod("orphan", namespace, grace_period_seconds=1)
+
+    wait_for(lambda: not pid_alive(child), 30, "the child gone with its container")
+
+
 # ---------------------------------------------------------------------------------------------
 # the runner itself and its node
 

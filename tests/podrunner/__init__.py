@@ -23,7 +23,9 @@ security contexts and restart policies other than Never are ignored):
   new session and a private mount namespace where each volumeMount is bind-mounted at its
   ``mountPath`` and a per-container file at ``terminationMessagePath`` (default
   /dev/termination-log); missing mount points are created on the host as empty folders or files.
-  PATH starts with the repo's ``.venv/bin``; ``workingDir`` is honoured. Environment: ``value``,
+  PATH starts with the repo's ``.venv/bin``; ``workingDir`` is honoured. When a container's
+  process ends or is killed, every process left in its mount namespace goes with it (a child in
+  a session of its own, as torchrun's workers, too). Environment: ``value``,
   ``secretKeyRef``, ``configMapKeyRef``, ``fieldRef`` (metadata name/namespace/uid/labels/
   annotations, spec.nodeName, status.podIP/hostIP), ``envFrom``. A missing Secret or key leaves
   the container waiting with ``CreateContainerConfigError`` (retried); a command not found ends

@@ -30,7 +30,15 @@ from tests.podrunner.link import Link
 from tests.podrunner.node import now
 from tests.podrunner.podapi import PodApi, PodGone
 from tests.podrunner.podnet import Networks, PodNet, wants_network
-from tests.podrunner.process import exit_code, launch, signal_group, stop, which
+from tests.podrunner.process import (
+    exit_code,
+    kill_leftovers,
+    launch,
+    mount_ns,
+    signal_group,
+    stop,
+    which,
+)
 from tests.podrunner.spec import (
     POD_IP,
     ConfigError,
@@ -150,6 +158,7 @@ class PodWorker:
                 if c.proc and c.proc.poll() is None:
                     signal_group(c.proc.pid, signal.SIGKILL)
                     c.proc.wait(timeout=10)
+                kill_leftovers(c.mount_ns)
             if self.net:
                 self.net.close()
 
@@ -324,10 +333,15 @@ class PodWorker:
 
     def _reap(self, c: Container) -> bool:
         """Records the end of ``c`` when its process has exited; True when it just did."""
-        if c.proc is None or c.proc.poll() is None:
+        if c.proc is not None and c.proc.poll() is None:
+            c.mount_ns = c.mount_ns or mount_ns(c.proc.pid)
+            return False
+        if c.proc is None:
             return False
         code = exit_code(c.proc.returncode)
         signal_group(c.proc.pid, signal.SIGKILL)  # what it left behind goes with it
+        if kill_leftovers(c.mount_ns):
+            log.info("pod %s/%s: %s's leftover processes killed", self.namespace, self.name, c.name)
         c.proc = None
         self._file(c, "pid").unlink(missing_ok=True)
         term: dict[str, Any] = {

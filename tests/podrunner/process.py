@@ -125,6 +125,37 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
+def mount_ns(pid: int) -> str:
+    """The mount namespace of ``pid`` once it entered the container's own (its ``unshare``
+    ran); "" before that, or when it is gone."""
+    try:
+        ns = os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return ""
+    return "" if ns == os.readlink("/proc/self/ns/mnt") else ns
+
+
+def kill_leftovers(ns: str) -> int:
+    """SIGKILL to every process still in the container's mount namespace ``ns``, as a container
+    runtime ends a container's processes with it: a child that started a session of its own
+    (torchrun's workers) escapes a process-group signal and outlives its parent. Returns how
+    many were signalled."""
+    if not ns:
+        return 0
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.readlink(entry / "ns" / "mnt") != ns:
+                continue
+            os.kill(int(entry.name), signal.SIGKILL)
+            killed += 1
+        except (OSError, ProcessLookupError):
+            continue  # gone meanwhile
+    return killed
+
+
 def stop(procs: list[subprocess.Popen[bytes]], deadline: float) -> None:
     """SIGTERM to each process group, SIGKILL to what is still alive at ``deadline`` (a
     ``time.monotonic()`` value). Leaves the processes un-reaped for the caller's ``poll``."""

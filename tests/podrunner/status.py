@@ -30,6 +30,7 @@ class Container:
     last_state: dict[str, Any] = field(default_factory=dict)
     restarts: int = 0
     proc: subprocess.Popen[bytes] | None = None
+    mount_ns: str = ""  # its mount namespace once entered: what its processes share
     container_id: str = ""
     started_once: bool = False
     restart_at: float | None = None
