@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -60,6 +61,25 @@ def _json(response: Any) -> dict[str, Any]:
         # pool, or the next call opens (and TLS-handshakes) a new one.
         response.release_conn()
     return data
+
+
+def _create(
+    create: Callable[[], Any], existing: Callable[[], dict[str, Any] | None]
+) -> tuple[dict[str, Any], bool]:
+    """(the object created, True), or (the one that holds its name, False) on 409; Invalid on
+    400 and 422, Forbidden on 403."""
+    try:
+        return _json(create()), True
+    except ApiException as e:
+        if e.status == 409:
+            found = existing()
+            if found is not None:
+                return found, False
+        if e.status in (400, 422):
+            raise Invalid(_message(e)) from e
+        if e.status == 403:
+            raise Forbidden(_message(e)) from e
+        raise
 
 
 def _message(err: ApiException) -> str:
@@ -123,45 +143,27 @@ class Kube:
 
     def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Creates the pod, or returns the one that exists under its name. (pod, created)."""
-        meta = pod["metadata"]
-        try:
-            created = _json(
-                self.core.create_namespaced_pod(meta["namespace"], pod, _preload_content=False)
-            )
-        except ApiException as e:
-            if e.status == 409:
-                existing = self.get_pod(meta["namespace"], meta["name"])
-                if existing is not None:
-                    return existing, False
-            if e.status in (400, 422):
-                raise Invalid(_message(e)) from e
-            if e.status == 403:
-                raise Forbidden(_message(e)) from e
-            raise
-        return created, True
+        return _create(
+            lambda: self.core.create_namespaced_pod(
+                pod["metadata"]["namespace"], pod, _preload_content=False
+            ),
+            lambda: self.get_pod(pod["metadata"]["namespace"], pod["metadata"]["name"]),
+        )
 
     def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Creates the Service, or returns the one that exists under its name. (service,
         created)."""
         meta = service["metadata"]
-        try:
-            created = _json(
-                self.core.create_namespaced_service(
-                    meta["namespace"], service, _preload_content=False
-                )
-            )
-        except ApiException as e:
-            if e.status == 409:
-                existing = self.core.read_namespaced_service(
+        return _create(
+            lambda: self.core.create_namespaced_service(
+                meta["namespace"], service, _preload_content=False
+            ),
+            lambda: _json(
+                self.core.read_namespaced_service(
                     meta["name"], meta["namespace"], _preload_content=False
                 )
-                return _json(existing), False
-            if e.status in (400, 422):
-                raise Invalid(_message(e)) from e
-            if e.status == 403:
-                raise Forbidden(_message(e)) from e
-            raise
-        return created, True
+            ),
+        )
 
     def delete_pod_by_uid(
         self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None

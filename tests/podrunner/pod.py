@@ -32,9 +32,10 @@ from tests.podrunner.podapi import PodApi, PodGone
 from tests.podrunner.podnet import Networks, PodNet, wants_network
 from tests.podrunner.process import (
     exit_code,
+    hold_mount_ns,
     kill_leftovers,
     launch,
-    mount_ns,
+    release_mount_ns,
     signal_group,
     stop,
     which,
@@ -159,6 +160,7 @@ class PodWorker:
                     signal_group(c.proc.pid, signal.SIGKILL)
                     c.proc.wait(timeout=10)
                 kill_leftovers(c.mount_ns)
+                release_mount_ns(c.mount_ns_fd)
             if self.net:
                 self.net.close()
 
@@ -334,7 +336,8 @@ class PodWorker:
     def _reap(self, c: Container) -> bool:
         """Records the end of ``c`` when its process has exited; True when it just did."""
         if c.proc is not None and c.proc.poll() is None:
-            c.mount_ns = c.mount_ns or mount_ns(c.proc.pid)
+            if not c.mount_ns:
+                c.mount_ns, c.mount_ns_fd = hold_mount_ns(c.proc.pid)
             return False
         if c.proc is None:
             return False
@@ -342,6 +345,8 @@ class PodWorker:
         signal_group(c.proc.pid, signal.SIGKILL)  # what it left behind goes with it
         if kill_leftovers(c.mount_ns):
             log.info("pod %s/%s: %s's leftover processes killed", self.namespace, self.name, c.name)
+        release_mount_ns(c.mount_ns_fd)
+        c.mount_ns, c.mount_ns_fd = "", -1
         c.proc = None
         self._file(c, "pid").unlink(missing_ok=True)
         term: dict[str, Any] = {

@@ -125,18 +125,31 @@ def signal_group(pid: int, sig: signal.Signals) -> None:
         os.killpg(pid, sig)
 
 
-def mount_ns(pid: int) -> str:
-    """The mount namespace of ``pid`` once it entered the container's own (its ``unshare``
-    ran); "" before that, or when it is gone."""
+def hold_mount_ns(pid: int) -> tuple[str, int]:
+    """(the mount namespace of ``pid``, an open fd on it) once it entered the container's own
+    (its ``unshare`` ran); ("", -1) before that, or when it is gone. The fd keeps the namespace,
+    and with it its inode number, from being reused by another container's namespace after this
+    one's processes are gone: close it with ``release_mount_ns``."""
     try:
-        ns = os.readlink(f"/proc/{pid}/ns/mnt")
+        fd = os.open(f"/proc/{pid}/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
-        return ""
-    return "" if ns == os.readlink("/proc/self/ns/mnt") else ns
+        return "", -1
+    ns = os.readlink(f"/proc/self/fd/{fd}")
+    if ns == os.readlink("/proc/self/ns/mnt"):
+        os.close(fd)
+        return "", -1
+    return ns, fd
+
+
+def release_mount_ns(fd: int) -> None:
+    if fd >= 0:
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
 
 def kill_leftovers(ns: str) -> int:
-    """SIGKILL to every process still in the container's mount namespace ``ns``, as a container
+    """SIGKILL to every process still in the container's mount namespace ``ns`` (held open by
+    ``hold_mount_ns``, so that it names this container's namespace only), as a container
     runtime ends a container's processes with it: a child that started a session of its own
     (torchrun's workers) escapes a process-group signal and outlives its parent. Returns how
     many were signalled."""

@@ -31,6 +31,7 @@ class Container:
     restarts: int = 0
     proc: subprocess.Popen[bytes] | None = None
     mount_ns: str = ""  # its mount namespace once entered: what its processes share
+    mount_ns_fd: int = -1  # held open while the container lives (hold_mount_ns)
     container_id: str = ""
     started_once: bool = False
     restart_at: float | None = None
