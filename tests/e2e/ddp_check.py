@@ -117,7 +117,15 @@ class Gang:
         return codes
 
 
-def start(work: Path, name: str, delay: float = 0.0, resume: dict[int, Path] | None = None) -> Gang:
+def start(
+    work: Path,
+    name: str,
+    delay: float = 0.0,
+    resume: dict[int, Path] | None = None,
+    steps: tuple[int, int] = (MAX_STEPS, SAVE_STEPS),
+) -> Gang:
+    """Both nodes of a gang of the example (``steps``: max steps and save steps), in
+    ``<work>/<name>/node<rank>``; losses in ``<work>/<name>/loss.jsonl``."""
     port, nodes = free_port(), []
     for rank in range(NODES):
         folder = work / name / f"node{rank}"
@@ -133,7 +141,7 @@ def start(work: Path, name: str, delay: float = 0.0, resume: dict[int, Path] | N
             "TRAININGRUN_RESUME_FROM": str(resume[rank]) if resume else "",
             "HF_HUB_OFFLINE": "1",  # proves the example needs no hub
         }
-        args = [f"--max-steps={MAX_STEPS}", f"--save-steps={SAVE_STEPS}", f"--step-delay={delay}"]
+        args = [f"--max-steps={steps[0]}", f"--save-steps={steps[1]}", f"--step-delay={delay}"]
         log = work / name / f"node{rank}.log"
         with log.open("wb") as out:
             proc = subprocess.Popen(
