@@ -26,7 +26,7 @@ from tests.benchutil import write_section
 from tests.e2e import ddp_check
 from tests.e2e.example import losses, pod_spec
 from tests.e2e.test_full_chain import evict, node_of, runner_for
-from tests.integration.support import Runs, trainingrun, wait_for
+from tests.integration.support import Runs, node_ready, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest
@@ -118,11 +118,6 @@ class Gang:
         return bytes(s3.get_object(Bucket=self.env.bucket, Key=key)["Body"].read())
 
 
-def node_ready(core: Any, node: str) -> bool:
-    conditions = core.read_node(node).status.conditions or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
-
-
 def set_taints(core: Any, node: str, taints: list[dict[str, Any]]) -> None:
     core.patch_node(node, {"spec": {"taints": taints}})
 
@@ -159,7 +154,7 @@ def test_three_preemptions_of_a_gang_resume_to_the_uninterrupted_weights(
     # The node comes back before it takes pods again: attempt 3 needs both nodes, and a pod
     # placed on it before the operator saw it Ready would end attempt 3 at once.
     runner_for(runner_nodes, node).make_ready()
-    wait_for(lambda: node_ready(core_v1, node), 30, f"{node} Ready again")
+    wait_for(lambda: node_ready(core_v1, node) == "True", 30, f"{node} Ready again")
     time.sleep(2)  # the operator's node watch catches up
     core_v1.patch_node(node, {"spec": {"unschedulable": False}})
 

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.example import losses, pod_spec, uninterrupted
-from tests.integration.support import Runs, trainingrun, wait_for
+from tests.integration.support import Runs, mark_unknown, pid_alive, trainingrun, wait_for
 from tests.localenv import LocalEnv, s3_client
 from tests.podrunner import RunnerHandle
 from trainingrun import checksum
@@ -187,21 +187,6 @@ def changed_objects(s3: Any, bucket: str, watch: ManifestWatch) -> list[str]:
 # the node of attempt 1
 
 
-def mark_unknown(core: Any, node: str) -> None:
-    """What the node-lifecycle controller writes once a node's grace has passed without a
-    heartbeat (200 s in this environment: too long to wait for here)."""
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    ready = {
-        "type": "Ready",
-        "status": "Unknown",
-        "reason": "NodeStatusUnknown",
-        "message": "Kubelet stopped posting node status.",
-        "lastHeartbeatTime": now,
-        "lastTransitionTime": now,
-    }
-    core.patch_node_status(node, {"status": {"conditions": [ready]}})
-
-
 def cut_off(core: Any, handle: RunnerHandle) -> None:
     """Partitions the node from the API server; cordoned, so attempt 2 goes elsewhere."""
     handle.partition()
@@ -222,15 +207,6 @@ def saved_steps(handle: RunnerHandle, namespace: str, pod: str) -> list[int]:
         int(p.parent.name.removeprefix("checkpoint-"))
         for p in folder.glob(f"checkpoint-*/{COMPLETE_MARKER}")
     )
-
-
-def pid_alive(pid: int) -> bool:
-    """Running or stopped; a zombie counts as dead."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 # ---------------------------------------------------------------------------------------------

@@ -322,3 +322,35 @@ def commit_checkpoint(
     # The fence the operator took stays: only the entries change.
     manifest = current.model_copy(update={"entries": [*current.entries, entry]})
     s3.put_object(Bucket=bucket, Key=f"{run_key}/{RUN_MANIFEST}", Body=manifest.to_json())
+
+
+def pid_alive(pid: int) -> bool:
+    """Running or stopped; a zombie waiting for init to reap it counts as dead."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def node_ready(core: Any, node: str) -> str:
+    """The status of the node's Ready condition: True, False, Unknown or missing."""
+    for c in core.read_node(node).status.conditions or []:
+        if c.type == "Ready":
+            return str(c.status)
+    return "missing"
+
+
+def mark_unknown(core: Any, node: str) -> None:
+    """What the node-lifecycle controller writes once a node's grace has passed without a
+    heartbeat (200 s in this environment: too long to wait for in a test)."""
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    ready = {
+        "type": "Ready",
+        "status": "Unknown",
+        "reason": "NodeStatusUnknown",
+        "message": "Kubelet stopped posting node status.",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": now,
+    }
+    core.patch_node_status(node, {"status": {"conditions": [ready]}})

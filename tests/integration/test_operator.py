@@ -31,6 +31,7 @@ from tests.integration.support import (
     Runs,
     commit_checkpoint,
     credentials_secret,
+    mark_unknown,
     trainingrun,
     wait_for,
 )
@@ -217,24 +218,7 @@ def test_node_not_ready_is_a_preemption(
     # marks a node whose kubelet stopped posting status.
     core_v1.patch_node(node, {"metadata": {"annotations": {KWOK_NODE_ANNOTATION: None}}})
     time.sleep(0.5)
-    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    core_v1.patch_node_status(
-        node,
-        {
-            "status": {
-                "conditions": [
-                    {
-                        "type": "Ready",
-                        "status": "Unknown",
-                        "reason": "NodeStatusUnknown",
-                        "message": "Kubelet stopped posting node status.",
-                        "lastHeartbeatTime": now,
-                        "lastTransitionTime": now,
-                    }
-                ]
-            }
-        },
-    )
+    mark_unknown(core_v1, node)
     status = runs.wait_status(
         "sick", lambda s: s.get("attempt", 0) >= 2, 30, "attempt 2 after node NotReady"
     )

@@ -31,7 +31,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 from tests import localenv as localenv_mod
-from tests.integration.support import wait_for
+from tests.integration.support import node_ready, pid_alive, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle, placement, start_runner
 from tests.podrunner.node import LEASE_NAMESPACE, LEASE_RENEW_S
@@ -122,15 +122,6 @@ def condition(obj: dict[str, Any], kind: str) -> dict[str, Any]:
         if c["type"] == kind:
             return dict(c)
     raise AssertionError(f"no {kind} condition in {obj['status'].get('conditions')}")
-
-
-def pid_alive(pid: int) -> bool:
-    """Running or stopped; a zombie waiting for init to reap it counts as dead."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except FileNotFoundError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
 def final_object_after(
@@ -469,13 +460,6 @@ def test_a_containers_processes_in_a_session_of_their_own_end_with_it(
 
 # ---------------------------------------------------------------------------------------------
 # the runner itself and its node
-
-
-def node_ready(core: Any, node: str) -> str:
-    for c in core.read_node(node).status.conditions or []:
-        if c.type == "Ready":
-            return str(c.status)
-    return "missing"
 
 
 def test_runner_sigterm_stops_every_process_as_a_node_shutdown(

@@ -12,15 +12,13 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from typing import Any
 
-from kubernetes import client, watch
-from kubernetes.client.rest import ApiException
+from kubernetes import client
 
 from tests.podrunner.hosts import Peer, peer_of
-from tests.podrunner.link import Link
+from tests.podrunner.link import Link, list_and_watch
 
 log = logging.getLogger("podrunner.peers")
 
@@ -90,38 +88,17 @@ class NamespaceWatch:
         return str(pods["metadata"]["resourceVersion"])
 
     def _run(self) -> None:
-        version: str | None = None
-        while not self.stopped.is_set():
-            if not self.link.wait_up(1.0):
-                version = None  # what happened meanwhile is learnt from a fresh list
-                continue
-            try:
-                if version is None:
-                    version = self._relist()
-                stream = watch.Watch().stream(
-                    self.core.list_namespaced_pod,
-                    self.namespace,
-                    resource_version=version,
-                    timeout_seconds=WATCH_TIMEOUT_S,
-                )
-                for event in stream:
-                    if self.stopped.is_set() or not self.link.up:
-                        break
-                    if event["type"] == "ERROR":
-                        version = None  # 410 Gone and friends: list again
-                        break
-                    raw = event["raw_object"]
-                    version = raw["metadata"]["resourceVersion"]
-                    self._apply(event["type"], raw)
-            except ApiException as e:
-                if e.status == 410:
-                    version = None
-                else:
-                    log.warning("peer watch of %s failed: %s", self.namespace, e.reason)
-                    time.sleep(RETRY_S)
-            except Exception as e:  # connection reset, API restarting
-                log.warning("peer watch of %s failed: %s", self.namespace, e)
-                time.sleep(RETRY_S)
+        list_and_watch(
+            self.link,
+            self.stopped,
+            self._relist,
+            self.core.list_namespaced_pod,
+            self._apply,
+            f"peer (namespace {self.namespace})",
+            WATCH_TIMEOUT_S,
+            RETRY_S,
+            namespace=self.namespace,
+        )
 
 
 class PeerDirectory:

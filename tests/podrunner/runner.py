@@ -14,10 +14,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from kubernetes import client, config, watch
-from kubernetes.client.rest import ApiException
+from kubernetes import client, config
 
-from tests.podrunner.link import HEAL_SIGNAL, PARTITION_SIGNAL, Link
+from tests.podrunner.link import HEAL_SIGNAL, PARTITION_SIGNAL, Link, list_and_watch
 from tests.podrunner.node import NodeAgent
 from tests.podrunner.peers import PeerDirectory
 from tests.podrunner.pod import Context, PodWorker
@@ -102,40 +101,17 @@ class Runner:
         return str(pods["metadata"]["resourceVersion"])
 
     def _watch_pods(self) -> None:
-        version: str | None = None
-        while not self._stop.is_set():
-            if not self.link.wait_up(1.0):
-                version = None  # what happened meanwhile is learnt from a fresh list
-                continue
-            try:
-                if version is None:
-                    version = self._relist()
-                stream = watch.Watch().stream(
-                    self.core.list_pod_for_all_namespaces,
-                    field_selector=self._selector(),
-                    resource_version=version,
-                    timeout_seconds=WATCH_TIMEOUT_S,
-                )
-                for event in stream:
-                    if self._stop.is_set():
-                        return
-                    if not self.link.up:
-                        break  # a partitioned node never hears of it
-                    raw = event["raw_object"]
-                    if event["type"] == "ERROR":
-                        version = None  # 410 Gone and friends: list again
-                        break
-                    version = raw["metadata"]["resourceVersion"]
-                    self._dispatch(event["type"], raw)
-            except ApiException as e:
-                if e.status == 410:
-                    version = None
-                else:
-                    log.warning("pod watch failed: %s", e.reason)
-                    time.sleep(RETRY_S)
-            except Exception as e:  # connection reset, API restarting
-                log.warning("pod watch failed: %s", e)
-                time.sleep(RETRY_S)
+        list_and_watch(
+            self.link,
+            self._stop,
+            self._relist,
+            self.core.list_pod_for_all_namespaces,
+            self._dispatch,
+            "pod",
+            WATCH_TIMEOUT_S,
+            RETRY_S,
+            field_selector=self._selector(),
+        )
 
     # -- the process ---------------------------------------------------------------------------
 
