@@ -186,6 +186,10 @@ def main(argv: list[str] | None = None) -> int:
         code = hf.train(trainer)
     if code == 0:
         trainer.save_model(str(output / "final"))  # by world process zero only (should_save)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        # A gloo group still alive at interpreter exit can abort the process after training
+        # ended ("terminate called without an active exception", exit -6): leave it first.
+        torch.distributed.destroy_process_group()
     return code
 
 
