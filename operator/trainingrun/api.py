@@ -8,10 +8,12 @@ and the operator parses every object it reads through them. Field descriptions h
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 from pydantic.alias_generators import to_camel
+
+from trainingrun.layouts import Pattern
 
 GROUP = "trainingrun.dev"
 VERSION = "v1alpha1"
@@ -67,6 +69,58 @@ class StorageSpec(_Model):
     )
 
 
+# spec.checkpoint.format: auto, the formats of trainingrun.layouts, or pattern.
+CheckpointFormat = Literal[
+    "auto",
+    "hf",
+    "lightning",
+    "composer",
+    "dcp",
+    "deepspeed",
+    "megatron",
+    "nemo",
+    "mindformers",
+    "accelerate",
+    "pattern",
+]
+
+
+class PatternSpec(_Model):
+    """A checkpoint layout of your own (format: pattern)."""
+
+    glob: str = Field(
+        description=(
+            "Each checkpoint, a folder or a file, relative to localPath (glob syntax: "
+            "'step_*', 'run/ckpt-*.pt')."
+        ),
+        min_length=1,
+        max_length=1024,
+    )
+    step: str = Field(
+        default=r"(\d+)(?!.*\d)",
+        description=(
+            "Regular expression whose first group, searched in the checkpoint's path, is its "
+            "step. Default: the last number in the path."
+        ),
+        max_length=1024,
+    )
+    marker: str | None = Field(
+        default=None,
+        description=(
+            "A file inside a checkpoint folder that the trainer writes last: the folder is "
+            "complete once it is there. Unset: complete once no file changed for 10 s."
+        ),
+        max_length=1024,
+    )
+
+    @model_validator(mode="after")
+    def _usable(self) -> PatternSpec:
+        problem = Pattern(self.glob, self.step, self.marker).problem()
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
 class CheckpointSpec(_Model):
     """How checkpoints are written locally and kept in storage."""
 
@@ -85,6 +139,25 @@ class CheckpointSpec(_Model):
         ge=1,
         le=1000,
         description="Committed checkpoints to keep in storage; older ones are deleted.",
+    )
+    format: CheckpointFormat = Field(
+        default="auto",
+        description=(
+            "The trainer's checkpoint layout (docs/checkpoints.md, formats): auto (recognise "
+            "any known one), hf, lightning, composer, dcp, deepspeed, megatron, nemo, "
+            "mindformers, accelerate, or pattern (then set pattern)."
+        ),
+    )
+    pattern: PatternSpec | None = Field(default=None, description="The layout of format: pattern.")
+    unprotected_after_seconds: int = Field(
+        default=3600,
+        ge=0,
+        le=604800,
+        description=(
+            "Warn (Event and the Protected condition) when an attempt has run this long "
+            "without committing a checkpoint; 0 never warns. Set it above the trainer's save "
+            "interval."
+        ),
     )
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import json
 import logging
 import math
 import os
@@ -176,6 +177,7 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
             attempt=int(_number(env, c.ENV_ATTEMPT, "0")),
             rank=int(_number(env, c.ENV_RANK, "0")),
             ranks=int(_number(env, c.ENV_RANKS, "1", minimum=1)),
+            **_layout(env),
         )
         if settings.rank >= settings.ranks:
             raise SettingsError(
@@ -189,6 +191,35 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
     metrics = syncsupport.Metrics()
     _serve_metrics(env, metrics.registry)
     return sync.main(store, settings, metrics)
+
+
+def _layout(env: Mapping[str, str]) -> dict[str, Any]:
+    """The checkpoint format and pattern the sidecar looks for, checked."""
+    from trainingrun import layouts
+
+    fmt = _env(env, c.ENV_CHECKPOINT_FORMAT, layouts.AUTO)
+    if fmt not in (layouts.AUTO, layouts.PATTERN, *layouts.FORMATS):
+        known = ", ".join((layouts.AUTO, *layouts.FORMATS, layouts.PATTERN))
+        raise SettingsError(f"{c.ENV_CHECKPOINT_FORMAT}={fmt!r} is not one of {known}")
+    if fmt != layouts.PATTERN:
+        return {"format": fmt}
+    raw = _env(env, c.ENV_CHECKPOINT_PATTERN, "")
+    try:
+        fields = json.loads(raw)
+        pattern = layouts.Pattern(
+            glob=str(fields["glob"]),
+            step=str(fields.get("step") or layouts.Pattern.step),
+            marker=fields.get("marker") or None,
+        )
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise SettingsError(
+            f'{c.ENV_CHECKPOINT_PATTERN} must be JSON {{"glob": .., "step": .., '
+            f'"marker": ..}} for format pattern, got {raw!r} ({e})'
+        ) from e
+    problem = pattern.problem()
+    if problem is not None:
+        raise SettingsError(problem)
+    return {"format": fmt, "pattern": pattern}
 
 
 def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:

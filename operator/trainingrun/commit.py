@@ -53,6 +53,7 @@ from trainingrun.manifest import (
     RunManifest,
     checkpoint_prefix,
     epoch_prefix,
+    merged_layout,
     parse_checkpoint_manifest,
     parse_run_manifest,
     part_prefix,
@@ -329,6 +330,7 @@ class Committer:
             [(part_prefix(step, self.epoch, r), p) for r, p in sorted(parts.items())]
         )
         files = [f for p in parts.values() for f in p.files]
+        ranked = [p for _, p in sorted(parts.items())]
         entry = ManifestEntry(
             step=step,
             prefix=epoch_prefix(step, self.epoch),
@@ -338,6 +340,7 @@ class Committer:
             epoch=self.epoch,
             attempt=attempt,
             ranks=self.ranks,
+            layout=merged_layout([p.layout for p in ranked]),
         )
         key = self.run.key(RUN_MANIFEST)
         for i in range(CAS_ATTEMPTS):

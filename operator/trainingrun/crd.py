@@ -132,6 +132,12 @@ RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.localPath != '/'",
             "message": "spec.checkpoint.localPath must be a folder below /, not / itself",
         },
+        {
+            "rule": "self.format != 'pattern' || has(self.pattern)",
+            "message": (
+                "spec.checkpoint.format: pattern needs spec.checkpoint.pattern (glob, step, marker)"
+            ),
+        },
     ],
     "restartPolicy.backoff": [
         {

@@ -21,24 +21,17 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
-COMPLETE_MARKER = ".trainingrun-complete"
-CONTROL_DIR = ".trainingrun"
+from trainingrun import layouts
+
+COMPLETE_MARKER = layouts.COMPLETE_MARKER
+CONTROL_DIR = layouts.CONTROL_DIR
 SAVE_NOW = "save-now"
 PROGRESS = "progress.json"
 # Written last by the HuggingFace Trainer's save; its presence plus quiet means complete.
 TRAINER_STATE = "trainer_state.json"
-
-_CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-
-
-def checkpoint_step(name: str) -> int | None:
-    """The step of a folder named ``checkpoint-<step>``, else None."""
-    m = _CHECKPOINT_RE.match(name)
-    return int(m.group(1)) if m else None
 
 
 def is_control(relative_path: str) -> bool:
@@ -48,14 +41,13 @@ def is_control(relative_path: str) -> bool:
     return bool(parts) and parts[0] == CONTROL_DIR
 
 
-def is_internal(relative_path: str) -> bool:
-    """Files of ours inside a checkpoint folder that are never uploaded."""
-    return Path(relative_path).name == COMPLETE_MARKER
-
-
-def mark_complete(folder: Path) -> None:
-    """Marks a checkpoint folder complete; called after every file of it is written."""
-    (folder / COMPLETE_MARKER).write_text("")
+def mark_complete(path: Path) -> None:
+    """Marks a checkpoint complete (a folder, or a single-file checkpoint); called after every
+    file of it is written."""
+    if path.is_dir():
+        (path / COMPLETE_MARKER).write_text("")
+    else:
+        path.with_name(path.name + COMPLETE_MARKER).write_text("")
 
 
 def control_path(checkpoint_dir: Path, name: str) -> Path:
@@ -136,52 +128,88 @@ def read_progress(checkpoint_dir: Path) -> Progress | None:
 
 @dataclass(frozen=True)
 class LocalCheckpoint:
-    step: int
-    path: Path
-    marked: bool  # the trainer integration said it is complete
-    has_state: bool  # trainer_state.json exists
-    files: tuple[tuple[str, int], ...]  # (relative path, size), ours excluded
-    newest_mtime: float
+    """A checkpoint found in the folder: what the layout rule said (``found``), with the files
+    to upload as (path relative to ``path``, size)."""
+
+    found: layouts.Found
+    path: Path  # the folder the files are relative to (checkpoint_dir / found.base)
+    files: tuple[tuple[str, int], ...]
+
+    @property
+    def step(self) -> int:
+        return self.found.step
+
+    @property
+    def marked(self) -> bool:
+        """Proved whole by a marker (the trainer integration's, or the framework's own)."""
+        return self.found.proof is layouts.Proof.COMPLETE
 
     def complete(self, now: float, quiet_seconds: float, trainer_gone: bool) -> bool:
-        """Marked by the integration; else trainer_state.json and no change for the quiet
-        period (or the trainer has exited, so nothing will change any more)."""
-        if self.marked:
-            return True
-        return self.has_state and (trainer_gone or now - self.newest_mtime >= quiet_seconds)
+        return self.found.complete(now, quiet_seconds, trainer_gone)
 
 
-def scan(checkpoint_dir: Path) -> list[LocalCheckpoint]:
-    """Every ``checkpoint-<step>/`` folder, oldest step first. Files vanishing mid-scan (the
+def snapshot(checkpoint_dir: Path) -> tuple[list[layouts.FileInfo], dict[str, str]]:
+    """Every file and symlink under the folder (relative paths, sizes, times, link targets), and
+    the text of the small pointer files the layout rules read. Files vanishing mid-walk (the
     trainer rotating its own checkpoints) just drop out."""
-    found = []
-    try:
-        entries = list(os.scandir(checkpoint_dir))
-    except FileNotFoundError:
-        return []
-    for entry in entries:
-        step = checkpoint_step(entry.name)
-        if step is None or not entry.is_dir(follow_symlinks=False):
+    infos: list[layouts.FileInfo] = []
+    contents: dict[str, str] = {}
+    for dirpath, dirs, names in os.walk(checkpoint_dir):
+        root = Path(dirpath)
+        rel_root = root.relative_to(checkpoint_dir).as_posix()
+        if rel_root == CONTROL_DIR:
+            dirs.clear()
             continue
-        files: list[tuple[str, int]] = []
-        newest = 0.0
-        marked = False
-        root = Path(entry.path)
-        for dirpath, _dirs, names in os.walk(root):
-            for name in names:
-                full = Path(dirpath, name)
-                rel = full.relative_to(root).as_posix()
+        links = [d for d in dirs if (root / d).is_symlink()]  # walked as files, not followed
+        for name in [*names, *links]:
+            full = root / name
+            rel = name if rel_root == "." else f"{rel_root}/{name}"
+            try:
+                st = full.lstat()
+                link = os.readlink(full) if full.is_symlink() else None
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            if link is None and not full.is_file():
+                continue  # sockets, fifos: never checkpoint data
+            infos.append(layouts.FileInfo(rel, st.st_size, st.st_mtime, link))
+            if link is None and name in layouts.POINTER_FILES and st.st_size <= POINTER_MAX:
                 try:
-                    st = full.lstat()
-                except FileNotFoundError:
+                    contents[rel] = full.read_text(errors="replace")
+                except OSError:
                     continue
-                newest = max(newest, st.st_mtime)
-                if is_internal(rel):
-                    marked = True
-                    continue
-                if not full.is_file() or full.is_symlink():
-                    continue  # only regular files are checkpoint data
-                files.append((rel, st.st_size))
-        has_state = any(rel == TRAINER_STATE for rel, _ in files)
-        found.append(LocalCheckpoint(step, root, marked, has_state, tuple(sorted(files)), newest))
-    return sorted(found, key=lambda c: c.step)
+    return infos, contents
+
+
+POINTER_MAX = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Survey:
+    checkpoints: list[LocalCheckpoint]  # oldest step first
+    formats: tuple[str, ...]
+    unrecognised: tuple[str, ...]
+
+
+def survey(
+    checkpoint_dir: Path, fmt: str = layouts.AUTO, pattern: layouts.Pattern | None = None
+) -> Survey:
+    """The checkpoints in the folder by the layout ``fmt`` (``auto``: any known one), which
+    formats were recognised, and the files no layout claims."""
+    if not checkpoint_dir.is_dir():
+        return Survey([], (), ())
+    infos, contents = snapshot(checkpoint_dir)
+    sizes = {i.path: i.size for i in infos}
+    result = layouts.find(infos, contents, fmt, pattern)
+    found = []
+    for c in result.checkpoints:
+        prefix = f"{c.base}/" if c.base else ""
+        files = tuple((rel, sizes[prefix + rel]) for rel in c.files)
+        found.append(LocalCheckpoint(c, checkpoint_dir / c.base, files))
+    return Survey(found, result.formats, result.unrecognised)
+
+
+def scan(
+    checkpoint_dir: Path, fmt: str = layouts.AUTO, pattern: layouts.Pattern | None = None
+) -> list[LocalCheckpoint]:
+    """The checkpoints in the folder, oldest step first."""
+    return survey(checkpoint_dir, fmt, pattern).checkpoints

@@ -91,6 +91,47 @@ class FileEntry(_Model):
         return safe_relative_path(v)
 
 
+MAX_EXTRAS = 64
+MAX_EXTRA_BYTES = 64 * 1024
+
+
+class Layout(_Model):
+    """Where a checkpoint goes on local disk, for layouts other than the HuggingFace Trainer's
+    ``checkpoint-<step>/`` (no layout recorded): the files' paths are relative to ``base``, the
+    trainer resumes from ``resume`` (both relative to the checkpoint folder, "" for the folder
+    itself), and ``extras`` are small files the restore writes under ``base`` (a framework's
+    pointer to its newest checkpoint, such as DeepSpeed's ``latest``)."""
+
+    format: str = Field(max_length=64)
+    base: str = Field(default="", max_length=1024)
+    resume: str = Field(default="", max_length=1024)
+    extras: dict[str, str] = Field(default_factory=dict)
+
+    @field_validator("base", "resume")
+    @classmethod
+    def _folder(cls, v: str) -> str:
+        return safe_relative_path(v) if v else v
+
+    @field_validator("extras")
+    @classmethod
+    def _extras(cls, v: dict[str, str]) -> dict[str, str]:
+        if len(v) > MAX_EXTRAS or sum(len(t) for t in v.values()) > MAX_EXTRA_BYTES:
+            raise ValueError(f"at most {MAX_EXTRAS} extra files of {MAX_EXTRA_BYTES} bytes")
+        for path in v:
+            safe_relative_path(path)
+        return v
+
+    @staticmethod
+    def folder(layout: Layout | None, step: int) -> str:
+        """The folder (relative to the checkpoint folder) a checkpoint's files go under."""
+        return checkpoint_dirname(step) if layout is None else layout.base
+
+    @staticmethod
+    def resume_path(layout: Layout | None, step: int) -> str:
+        """What the trainer resumes from, relative to the checkpoint folder."""
+        return checkpoint_dirname(step) if layout is None else layout.resume
+
+
 class CheckpointManifest(_Model):
     """A part's ``MANIFEST.json``: what one rank's share of a checkpoint consists of (with one
     rank, the whole checkpoint). Version-1 files have no epoch or rank: 0, of 1."""
@@ -103,6 +144,7 @@ class CheckpointManifest(_Model):
     attempt: int = Field(default=0, ge=0)
     rank: int = Field(default=0, ge=0)
     ranks: int = Field(default=1, ge=1)
+    layout: Layout | None = Field(default=None, description="None: checkpoint-<step>/.")
 
     @property
     def total_bytes(self) -> int:
@@ -118,6 +160,7 @@ class ManifestEntry(_Model):
     epoch: int = Field(default=0, ge=0, description="The fence it was committed under.")
     attempt: int = Field(default=0, ge=0, description="The attempt that wrote it, if known.")
     ranks: int = Field(default=1, ge=1, description="How many parts it has.")
+    layout: Layout | None = Field(default=None, description="None: checkpoint-<step>/.")
 
     @property
     def part_prefixes(self) -> list[str]:
@@ -258,6 +301,19 @@ def worth_uploading(step: int, committed: list[int], keep: int) -> bool:
     return step not in committed and sum(1 for s in committed if s > step) < keep
 
 
+def merged_layout(layouts: list[Layout | None]) -> Layout | None:
+    """The layout of a checkpoint from its parts' (rank 0 first): rank 0's folder and resume
+    path, every rank's extra files (each rank's pointer file lives in its own folder)."""
+    first = layouts[0] if layouts else None
+    if first is None:
+        return None
+    extras: dict[str, str] = {}
+    for layout in reversed(layouts):
+        if layout is not None:
+            extras.update(layout.extras)
+    return first.model_copy(update={"extras": extras})
+
+
 def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:
     """Both describe the same bytes (creation time aside)."""
 
@@ -265,4 +321,4 @@ def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:
         return sorted((f.path, f.size, f.checksum_algorithm, f.checksum) for f in m.files)
 
     same_part = (a.step, a.epoch, a.rank, a.ranks) == (b.step, b.epoch, b.rank, b.ranks)
-    return same_part and key(a) == key(b)
+    return same_part and a.layout == b.layout and key(a) == key(b)

@@ -47,7 +47,7 @@ from trainingrun.decide.reconcile import (
 )
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
-from trainingrun.manifest import ManifestError
+from trainingrun.manifest import Layout, ManifestError
 from trainingrun.notices import Notices, PodAnnotator
 from trainingrun.oldpods import OldPods, PodDeleter
 from trainingrun.opmetrics import OperatorMetrics
@@ -258,7 +258,12 @@ class Reconciler:
         for step, why in choice.rejected:
             message = f"checkpoint {step} not used: {why}"
             self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
-        resume = resume_of(ref, choice.entry.step) if choice.entry else None
+        entry = choice.entry
+        resume = (
+            resume_of(ref, entry.step, Layout.resume_path(entry.layout, entry.step))
+            if entry
+            else None
+        )
         pods = [
             build_pod(ref, status.attempt, resume, self.settings.agent, epoch, rank)
             for rank in range(ref.spec.replicas)

@@ -20,6 +20,7 @@ Exit codes (documented in docs/, read by the operator):
 from __future__ import annotations
 
 import logging
+import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -31,9 +32,11 @@ from prometheus_client import CollectorRegistry, Counter
 from trainingrun import checksum, local
 from trainingrun.committed import read_committed
 from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_ERROR, EXIT_OK
+from trainingrun.layouts import STAGING_PREFIX
 from trainingrun.manifest import (
     RUN_MANIFEST,
     FileEntry,
+    Layout,
     ManifestError,
     checkpoint_dirname,
     parse_run_manifest,
@@ -90,9 +93,12 @@ def target_path(folder: Path, relative: str) -> Path:
     return path
 
 
-def read_checkpoint(store: Store, s: RestoreSettings) -> list[tuple[str, FileEntry]]:
+def read_checkpoint(
+    store: Store, s: RestoreSettings
+) -> tuple[list[tuple[str, FileEntry]], Layout | None]:
     """(key relative to the run prefix, file) of every file of the step's committed entry, once
-    manifest.json confirms the step is committed: only what that entry names is read."""
+    manifest.json confirms the step is committed: only what that entry names is read; and the
+    entry's layout (None: the HF Trainer's ``checkpoint-<step>/``)."""
     what = checkpoint_dirname(s.step)
     raw = store.get(s.run.key(RUN_MANIFEST))
     if raw is None:
@@ -102,18 +108,19 @@ def read_checkpoint(store: Store, s: RestoreSettings) -> list[tuple[str, FileEnt
         entry = next((e for e in manifest.entries if e.step == s.step), None)
         if entry is None:
             raise CheckpointBad(f"{what} is not committed in {RUN_MANIFEST}")
-        return read_committed(store, s.run, entry).files
+        return read_committed(store, s.run, entry).files, entry.layout
     except ManifestError as e:
         raise CheckpointBad(f"{what}: {e}") from e
 
 
 def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) -> Path:
-    """Downloads and verifies checkpoint ``s.step``; returns its local folder."""
+    """Downloads and verifies checkpoint ``s.step`` and puts it where its layout goes; returns
+    what the trainer resumes from."""
     metrics = metrics or Metrics()
     what = checkpoint_dirname(s.step)
-    named = read_checkpoint(store, s)
-    final = s.checkpoint_dir / what
-    staging = s.checkpoint_dir / f".restore-{what}"
+    named, layout = read_checkpoint(store, s)
+    final = s.checkpoint_dir / Layout.folder(layout, s.step)
+    staging = s.checkpoint_dir / f"{STAGING_PREFIX}{what}"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     files = []
@@ -143,10 +150,16 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
         raise CheckpointBad(f"{what}: an object is gone: {e}") from e
     finally:
         transfer.close()
-    shutil.rmtree(final, ignore_errors=True)
-    local.mark_complete(staging)
-    local.share(staging)
-    staging.rename(final)
+    if layout is None:
+        shutil.rmtree(final, ignore_errors=True)
+        local.mark_complete(staging)
+        local.share(staging)
+        staging.rename(final)
+    else:
+        for relative, text in layout.extras.items():
+            target_path(staging, relative).write_text(text)
+        local.share(staging)
+        move_into(staging, final)
     elapsed = time.monotonic() - started
     log.info(
         "%s restored and verified: %d files, %s in %.1f s (%s/s)",
@@ -156,7 +169,28 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
         elapsed,
         format_bytes(total / max(elapsed, 1e-6)),
     )
-    return final
+    resume = s.checkpoint_dir / Layout.resume_path(layout, s.step)
+    log.info("the trainer resumes from %s", resume)
+    return resume
+
+
+def move_into(staging: Path, final: Path) -> None:
+    """Puts the staged files in place: the folder renamed when nothing is there yet, else file
+    by file (a layout whose files sit beside the trainer's others, such as DeepSpeed's
+    ``latest``, or a checkpoint folder left by an earlier attempt)."""
+    final.parent.mkdir(parents=True, exist_ok=True)
+    if not final.exists():
+        staging.rename(final)
+        return
+    for root, _dirs, names in os.walk(staging):
+        for name in names:
+            source = Path(root, name)
+            dest = final / source.relative_to(staging)
+            if dest.is_dir():
+                shutil.rmtree(dest)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(source, dest)
+    shutil.rmtree(staging, ignore_errors=True)
 
 
 def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from trainingrun import local
+from trainingrun import layouts, local
 from trainingrun.commit import (
     Capabilities,
     Committer,
@@ -41,7 +41,7 @@ from trainingrun.commit import (
     verify_uploaded,
 )
 from trainingrun.contract import now_rfc3339_micro
-from trainingrun.local import LocalCheckpoint, scan
+from trainingrun.local import LocalCheckpoint, survey
 from trainingrun.manifest import (
     MANIFEST_VERSION,
     CheckpointManifest,
@@ -60,7 +60,15 @@ from trainingrun.storage import (
     StorageRejected,
     Store,
 )
-from trainingrun.syncsupport import Metrics, NoticeRelay, publish_progress, watch
+from trainingrun.syncsupport import (
+    LayoutReport,
+    Metrics,
+    NoticeRelay,
+    describe,
+    layout_of,
+    publish_progress,
+    watch,
+)
 from trainingrun.transfer import (
     Cancelled,
     FileChanged,
@@ -97,6 +105,9 @@ class SyncSettings:
     attempt: int = 0
     rank: int = 0
     ranks: int = 1
+    # The checkpoint layout (trainingrun.layouts): auto, a format's name, or pattern.
+    format: str = layouts.AUTO
+    pattern: layouts.Pattern | None = None
 
 
 class Sync:
@@ -114,6 +125,7 @@ class Sync:
         self.parts_written: set[int] = set()  # steps whose part this sidecar wrote
         self.fenced: Fenced | StaleAttempt | None = None
         self.seen_complete: dict[int, float] = {}
+        self.layouts = LayoutReport(settings.checkpoint_dir, self.metrics)
         self.notice = NoticeRelay(settings.podinfo_dir, settings.checkpoint_dir, self.metrics)
         self.transfer = Transfer(store, settings.transfer)
 
@@ -255,11 +267,10 @@ class Sync:
         if self.fenced is not None:
             return
         now = time.time()
-        complete = [
-            c
-            for c in scan(self.s.checkpoint_dir)
-            if c.complete(now, self.s.quiet_seconds, trainer_gone)
-        ]
+        found = survey(self.s.checkpoint_dir, self.s.format, self.s.pattern)
+        self.layouts.report(found)
+        quiet = self.s.quiet_seconds
+        complete = [c for c in found.checkpoints if c.complete(now, quiet, trainer_gone)]
         for c in complete:
             self.seen_complete.setdefault(c.step, time.monotonic())
         todo = [c for c in complete if worth_uploading(c.step, self.committed, self.s.keep)]
@@ -299,7 +310,7 @@ class Sync:
         if not ckpt.files:
             raise FileChanged(f"{ckpt.path} has no files")
         total = sum(size for _, size in ckpt.files)
-        what = f"checkpoint-{ckpt.step}"
+        what = describe(ckpt)
         progress = Progress(what, total, len(ckpt.files), on_bytes=self.metrics.bytes.inc)
         log.info("%s: uploading %d files, %s", what, len(ckpt.files), format_bytes(total))
         started = time.monotonic()
@@ -316,6 +327,7 @@ class Sync:
             attempt=self.s.attempt,
             rank=self.committer.rank,
             ranks=self.committer.ranks,
+            layout=layout_of(ckpt),
         )
         self.committer.write_part(part)
         elapsed = time.monotonic() - started
@@ -330,7 +342,7 @@ class Sync:
         )
 
     def after_commit(self, ckpt: LocalCheckpoint, outcome: Outcome, started: float) -> None:
-        what = f"checkpoint-{ckpt.step}"
+        what = describe(ckpt)
         if outcome.missing:
             log.info("%s: part written; waiting for ranks %s", what, list(outcome.missing))
             return

@@ -1,5 +1,6 @@
 """The sync sidecar's surroundings: its Prometheus metrics, the watch on the checkpoint folder,
-and the downward API file the preemption notice arrives in."""
+the downward API file the preemption notice arrives in, and its report of the checkpoint formats
+it recognises."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ from watchdog.observers import Observer
 
 from trainingrun import local
 from trainingrun.contract import ANNOTATION_NOTICE
+from trainingrun.local import LocalCheckpoint, Survey
+from trainingrun.manifest import Layout
 
 log = logging.getLogger("trainingrun.sync")
 
@@ -51,6 +54,11 @@ class Metrics:
         )
         self.trainer_step = Gauge(
             "trainingrun_trainer_step", "The trainer's step, from its progress file.", registry=r
+        )
+        self.unrecognised = Gauge(
+            "trainingrun_sync_unrecognised_files",
+            "Files in the checkpoint folder that match no checkpoint format (never uploaded).",
+            registry=r,
         )
         self.fenced = Gauge(
             "trainingrun_sync_fenced",
@@ -140,3 +148,52 @@ def publish_progress(checkpoint_dir: Path, metrics: Metrics) -> None:
     progress = local.read_progress(checkpoint_dir)
     if progress:
         metrics.trainer_step.set(progress.step)
+
+
+class LayoutReport:
+    """Which checkpoint formats the folder holds, and which files match none."""
+
+    def __init__(self, checkpoint_dir: Path, metrics: Metrics) -> None:
+        self.checkpoint_dir = checkpoint_dir
+        self.metrics = metrics
+        self.recognised: tuple[str, ...] = ()
+        self.unrecognised: tuple[str, ...] = ()
+
+    def report(self, found: Survey) -> None:
+        """Says which formats the folder's checkpoints are in, and which files match none, each
+        time that changes: a trainer writing a layout nobody reads is not silently
+        unprotected."""
+        if found.formats and found.formats != self.recognised:
+            log.info("checkpoint format recognised: %s", ", ".join(found.formats))
+            self.recognised = found.formats
+        if found.unrecognised != self.unrecognised:
+            self.unrecognised = found.unrecognised
+            self.metrics.unrecognised.set(len(found.unrecognised))
+            if found.unrecognised:
+                shown = ", ".join(found.unrecognised[:5])
+                more = len(found.unrecognised) - 5
+                log.warning(
+                    "%d files in %s match no checkpoint format (%s%s) and are not uploaded; set "
+                    "spec.checkpoint.format, or spec.checkpoint.pattern for a layout of your own "
+                    "(docs/checkpoints.md, formats)",
+                    len(found.unrecognised),
+                    self.checkpoint_dir,
+                    shown,
+                    f", and {more} more" if more > 0 else "",
+                )
+
+
+def describe(ckpt: LocalCheckpoint) -> str:
+    """How logs name a checkpoint: its step, and what the trainer wrote when that is not the
+    HF Trainer's ``checkpoint-<step>``."""
+    name = ckpt.found.name
+    return f"checkpoint-{ckpt.step}" + ("" if ckpt.found.format == "hf" else f" ({name})")
+
+
+def layout_of(ckpt: LocalCheckpoint) -> Layout | None:
+    """The layout its part records; none for the HF Trainer's ``checkpoint-<step>/`` (what
+    earlier releases wrote, and read)."""
+    f = ckpt.found
+    if f.format == "hf":
+        return None
+    return Layout(format=f.format, base=f.base, resume=f.resume, extras=dict(f.extras))

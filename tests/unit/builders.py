@@ -94,6 +94,10 @@ class RunBuilder:
         self._checkpoint["localPath"] = path
         return self
 
+    def with_checkpoint_fields(self, **fields: Any) -> Self:
+        self._checkpoint.update(fields)
+        return self
+
     def with_keep(self, keep: int) -> Self:
         self._checkpoint["keep"] = keep
         return self

@@ -78,6 +78,29 @@ COMMON_CASES = [
     ),
 ]
 SYNC_CASES = [
+    pytest.param(
+        {"TRAININGRUN_CHECKPOINT_FORMAT": "keras"},
+        "TRAININGRUN_CHECKPOINT_FORMAT='keras' is not one of auto, hf, nemo",
+        id="format-unknown",
+    ),
+    pytest.param(
+        {"TRAININGRUN_CHECKPOINT_FORMAT": "pattern"},
+        "TRAININGRUN_CHECKPOINT_PATTERN must be JSON",
+        id="pattern-missing",
+    ),
+    pytest.param(
+        {"TRAININGRUN_CHECKPOINT_FORMAT": "pattern", "TRAININGRUN_CHECKPOINT_PATTERN": '{"x": 1}'},
+        "TRAININGRUN_CHECKPOINT_PATTERN must be JSON",
+        id="pattern-no-glob",
+    ),
+    pytest.param(
+        {
+            "TRAININGRUN_CHECKPOINT_FORMAT": "pattern",
+            "TRAININGRUN_CHECKPOINT_PATTERN": '{"glob": "s_*", "step": "\\\\d+"}',
+        },
+        "needs a group",
+        id="pattern-step-without-group",
+    ),
     pytest.param({"TRAININGRUN_KEEP": "0"}, "TRAININGRUN_KEEP='0' must be at least 1", id="keep-0"),
     pytest.param(
         {"TRAININGRUN_KEEP": "nan"}, "TRAININGRUN_KEEP='nan' is not a finite number", id="keep-nan"

@@ -21,6 +21,7 @@ Covers:
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
@@ -314,6 +315,37 @@ def test_trainer_env_when_resuming(local_path: str, resume_from: str) -> None:
     assert _value(trainer, "TRAININGRUN_RESUME_URI") == (
         f"{BUCKET_URI}/{NAMESPACE}/r1/checkpoints/checkpoint-120/"
     )
+
+
+@pytest.mark.parametrize(
+    ("path", "resume_from"),
+    [
+        pytest.param("ds", "/checkpoints/ds", id="deepspeed-save-folder"),
+        pytest.param(
+            "logs/epoch=0-step=50.ckpt", "/checkpoints/logs/epoch=0-step=50.ckpt", id="file"
+        ),
+        pytest.param("", "/checkpoints", id="the-folder-itself"),
+    ],
+)
+def test_trainer_resumes_from_what_the_layout_recorded(path: str, resume_from: str) -> None:
+    ref = make_run("r1").ref()
+
+    pod = build_pod(ref, 2, resume_of(ref, 50, path), SETTINGS, epoch=2)
+
+    assert _value(_container(pod, TRAINER_CONTAINER), "TRAININGRUN_RESUME_FROM") == resume_from
+
+
+def test_sync_gets_the_format_only_when_not_auto() -> None:
+    plain = _env(_container(_pod(make_run("r1")), SYNC_CONTAINER))
+    run = make_run("r1").with_checkpoint_fields(
+        format="pattern", pattern={"glob": "out/step_*", "marker": "DONE"}
+    )
+    named = _env(_container(_pod(run), SYNC_CONTAINER))
+
+    assert "TRAININGRUN_CHECKPOINT_FORMAT" not in plain
+    assert named["TRAININGRUN_CHECKPOINT_FORMAT"]["value"] == "pattern"
+    pattern = json.loads(named["TRAININGRUN_CHECKPOINT_PATTERN"]["value"])
+    assert pattern == {"glob": "out/step_*", "marker": "DONE", "step": r"(\d+)(?!.*\d)"}
 
 
 def test_agent_env_names_the_bucket_keep_and_restore_step() -> None:

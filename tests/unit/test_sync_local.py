@@ -43,6 +43,7 @@ from hypothesis import strategies as st
 
 from trainingrun import local, transfer
 from trainingrun.contract import ANNOTATION_NOTICE
+from trainingrun.layouts import Found, Proof
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
 from trainingrun.storage import Location, Store
 from trainingrun.sync import Sync, SyncSettings
@@ -97,12 +98,12 @@ def test_scan_reads_marker_state_files_and_mtime(folder: Path) -> None:
     by_step = {c.step: c for c in scan(folder)}
 
     nine, ten, hundred = by_step[9], by_step[10], by_step[100]
-    assert (nine.marked, nine.has_state, nine.files) == (True, False, (("model.bin", 10),))
-    assert nine.newest_mtime == 1005  # the marker counts as a change
-    assert (ten.marked, ten.has_state) == (False, True)
+    assert (nine.found.proof, nine.files) == (Proof.COMPLETE, (("model.bin", 10),))
+    assert nine.found.newest_mtime == 1005  # the marker counts as a change
+    assert ten.found.proof is Proof.QUIET  # trainer_state.json, no marker
     assert ten.files == (("sub/rank-0.pt", 3), (TRAINER_STATE, 2))
-    assert ten.newest_mtime == 2001
-    assert (hundred.marked, hundred.has_state) == (False, False)
+    assert ten.found.newest_mtime == 2001
+    assert hundred.found.proof is Proof.INCOMPLETE  # no trainer_state.json yet
 
 
 def test_scan_does_not_upload_symlinks(tmp_path: Path) -> None:
@@ -124,7 +125,7 @@ def test_trainer_state_counts_only_at_the_top(tmp_path: Path) -> None:
 
     [found] = scan(tmp_path)
 
-    assert not found.has_state
+    assert found.found.proof is Proof.INCOMPLETE
     assert found.files == ((f"nested/{TRAINER_STATE}", 2),)
 
 
@@ -134,7 +135,9 @@ def test_scan_of_a_missing_or_empty_folder(tmp_path: Path) -> None:
 
 
 def _ckpt(marked: bool, has_state: bool, newest: float = 100.0) -> LocalCheckpoint:
-    return LocalCheckpoint(1, Path("/c/checkpoint-1"), marked, has_state, (("a", 1),), newest)
+    proof = Proof.COMPLETE if marked else Proof.QUIET if has_state else Proof.INCOMPLETE
+    found = Found("hf", 1, "checkpoint-1", ("a",), "checkpoint-1", proof, newest)
+    return LocalCheckpoint(found, Path("/c/checkpoint-1"), (("a", 1),))
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,8 @@ the sidecar's (each rank's sidecar writes its own part of every checkpoint).
 from __future__ import annotations
 
 import copy
+import json
+import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,6 +53,7 @@ class RunRef:
 class Resume:
     step: int
     uri: str
+    path: str = ""  # what the trainer resumes from, relative to the checkpoint folder
 
 
 def pod_name(run_name: str, attempt: int, rank: int = 0, replicas: int = 1) -> str:
@@ -108,10 +111,14 @@ def run_prefix(run: RunRef) -> str:
     return f"{run.spec.checkpoint.storage.uri.rstrip('/')}/{run.namespace}/{run.name}"
 
 
-def resume_of(run: RunRef, step: int | None) -> Resume | None:
+def resume_of(run: RunRef, step: int | None, path: str | None = None) -> Resume | None:
+    """The checkpoint an attempt resumes from; ``path``, where its layout puts what the trainer
+    resumes from (relative to the checkpoint folder; the HF Trainer's ``checkpoint-<step>``
+    when not given)."""
     if step is None:
         return None
-    return Resume(step=step, uri=f"{run_prefix(run)}/{checkpoint_prefix(step)}")
+    uri = f"{run_prefix(run)}/{checkpoint_prefix(step)}"
+    return Resume(step=step, uri=uri, path=checkpoint_dirname(step) if path is None else path)
 
 
 def _env(name: str, value: str) -> dict[str, Any]:
@@ -141,7 +148,7 @@ def trainer_env(
     run: RunRef, attempt: int, resume: Resume | None, rank: int = 0
 ) -> list[dict[str, Any]]:
     local = run.spec.checkpoint.local_path
-    resume_from = f"{local.rstrip('/')}/{checkpoint_dirname(resume.step)}" if resume else ""
+    resume_from = (posixpath.join(local, resume.path).rstrip("/") or "/") if resume else ""
     env = [
         _env(c.ENV_NAME, run.name),
         _env(c.ENV_ATTEMPT, str(attempt)),
@@ -160,6 +167,18 @@ def trainer_env(
             _env(c.ENV_PET_MASTER_ADDR, master_addr(run, attempt)),
             _env(c.ENV_PET_MASTER_PORT, str(run.spec.gang.master_port)),
         ]
+    return env
+
+
+def layout_env(spec: TrainingRunSpec) -> list[dict[str, Any]]:
+    """The sidecar's checkpoint format (none for auto, the default) and pattern."""
+    checkpoint = spec.checkpoint
+    env = []
+    if checkpoint.format != "auto":
+        env.append(_env(c.ENV_CHECKPOINT_FORMAT, checkpoint.format))
+    if checkpoint.format == "pattern" and checkpoint.pattern is not None:
+        value = json.dumps(checkpoint.pattern.model_dump(), sort_keys=True)
+        env.append(_env(c.ENV_CHECKPOINT_PATTERN, value))
     return env
 
 
@@ -282,6 +301,7 @@ def build_pod(
     ]
     if spec.replicas > 1:
         sync_env += [_env(c.ENV_RANK, str(rank)), _env(c.ENV_RANKS, str(spec.replicas))]
+    sync_env += layout_env(spec)
     init = []
     if resume:
         restore_env = [

@@ -1,0 +1,114 @@
+"""Every trainer's checkpoint layout through the real ``trainingrun sync`` and ``trainingrun
+restore`` processes against SeaweedFS.
+
+Covers, for each format of tests/trainer_layouts.py (saves laid out as the framework's source
+writes them):
+
+- auto-detection: the sync log names the format; two saves are committed with the layout
+  (format, folder, resume path, pointer files) in manifest.json; the restore into an empty
+  folder puts back every file bit for bit plus the framework's pointer file naming the restored
+  checkpoint, and says what the trainer resumes from;
+- a save killed half-way, then SIGTERM (the pod ending): the drain never commits it, the older
+  whole save stays the newest committed;
+- a folder matching no format: the sync log names the files and commits nothing.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.integration.agents import (
+    S3,
+    SyncProcess,
+    agent_env,
+    run_restore,
+    wait_committed,
+    wait_log,
+)
+from tests.trainer_layouts import SAVES, apply
+
+FORMATS = [f for f in SAVES if f != "hf"]  # the HF Trainer's: tests/integration/test_sync_restore
+
+
+def _start(syncs: list[SyncProcess], env: dict[str, str], tmp_path: Path) -> SyncProcess:
+    proc = SyncProcess(env, tmp_path / f"sync-{len(syncs)}.log")
+    syncs.append(proc)
+    return proc
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_format_committed_and_restored_where_the_trainer_looks(
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], fmt: str
+) -> None:
+    client = agent_s3.client()
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    ckdir = tmp_path / "ck"
+    first, second = SAVES[fmt](10), SAVES[fmt](20)
+    apply(ckdir, first.ops)
+    proc = _start(syncs, agent_env(agent_s3, uri, ckdir), tmp_path)
+    wait_committed(client, agent_s3.bucket, run_key, first.step, timeout=60)
+    apply(ckdir, second.ops)
+    manifest = wait_committed(client, agent_s3.bucket, run_key, second.step, timeout=60)
+    assert proc.terminate() == 0
+    assert f"checkpoint format recognised: {fmt}" in proc.log()
+    assert "match no checkpoint format" not in proc.log()
+    entry = next(e for e in manifest["entries"] if e["step"] == second.step)
+    assert entry["layout"]["format"] == fmt
+    assert entry["layout"]["resume"] == second.resume
+    base = entry["layout"]["base"]
+    extras = {(f"{base}/" if base else "") + p: t for p, t in entry["layout"]["extras"].items()}
+    assert extras == second.extras
+
+    restored = tmp_path / "restored"
+    result = run_restore(
+        agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP=str(second.step))
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"the trainer resumes from {restored / second.resume}" in result.stderr
+    files = {p.relative_to(restored).as_posix() for p in restored.rglob("*") if p.is_file()}
+    assert files == set(second.restored)
+    for path, blob in second.restored.items():
+        assert (restored / path).read_bytes() == blob, path
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_save_killed_half_way_is_never_committed(
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], fmt: str
+) -> None:
+    client = agent_s3.client()
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    ckdir = tmp_path / "ck"
+    first, second = SAVES[fmt](10), SAVES[fmt](20)
+    apply(ckdir, first.ops, mtime=time.time() - 60)  # long quiet: whole by any rule
+    proc = _start(syncs, agent_env(agent_s3, uri, ckdir, TRAININGRUN_QUIET_SECONDS="30"), tmp_path)
+    wait_committed(client, agent_s3.bucket, run_key, first.step, timeout=90)
+    # Killed in the middle of its last file (or before its marker): then the pod ends.
+    *done, (op, path, blob) = second.ops
+    cut = [("write", path, blob[: len(blob) // 2])] if isinstance(blob, bytes) else []
+    apply(ckdir, [*done, *cut] if op == "write" else done)
+    assert proc.terminate(timeout=90) == 0
+
+    body = client.get_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json")["Body"]
+    manifest = json.loads(body.read())
+    assert [e["step"] for e in manifest["entries"]] == [first.step]
+
+
+def test_unknown_layout_is_named_in_the_log_and_not_committed(
+    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+) -> None:
+    client = agent_s3.client()
+    ckdir = tmp_path / "ck"
+    apply(ckdir, [("write", f"weights/shard-{i}.bin", b"w" * 100) for i in range(7)])
+    env = agent_env(agent_s3, f"s3://{agent_s3.bucket}/{run_key}", ckdir)
+    proc = _start(syncs, env, tmp_path)
+
+    wait_log(proc, "7 files in", timeout=60)
+    assert proc.terminate() == 0
+    assert "weights/shard-0.bin, weights/shard-1.bin" in proc.log()
+    assert "and 2 more" in proc.log()
+    listing = client.list_objects_v2(Bucket=agent_s3.bucket, Prefix=f"{run_key}/checkpoints/")
+    assert listing.get("KeyCount", 0) == 0
