@@ -149,16 +149,6 @@ class CheckpointSpec(_Model):
         ),
     )
     pattern: PatternSpec | None = Field(default=None, description="The layout of format: pattern.")
-    unprotected_after_seconds: int = Field(
-        default=3600,
-        ge=0,
-        le=604800,
-        description=(
-            "Warn (Event and the Protected condition) when an attempt has run this long "
-            "without committing a checkpoint; 0 never warns. Set it above the trainer's save "
-            "interval."
-        ),
-    )
 
 
 class BackoffSpec(_Model):
