@@ -110,6 +110,22 @@ def drive(rank: int, root: Path, scenario: Scenario) -> dict[str, Any]:
     }
 
 
+def leave_group(rank: int, root: Path) -> None:
+    """Rank 0 holds the group's TCP store: it leaves last, once every other rank has left
+    (a gloo peer whose store goes away mid-teardown aborts: "terminate called without an active
+    exception", exit -6)."""
+    if rank:
+        dist.destroy_process_group()
+        (root / f"left-{rank}").write_text("")
+        return
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(
+        (root / f"left-{r}").exists() for r in range(1, WORLD)
+    ):
+        time.sleep(0.05)
+    dist.destroy_process_group()
+
+
 def rank_main(rank: int, port: int, root: str, scenario: Scenario) -> None:
     """One process of the group: its result, or its traceback, goes to ``result-<rank>.json``."""
     out = Path(root) / f"result-{rank}.json"
@@ -123,9 +139,9 @@ def rank_main(rank: int, port: int, root: str, scenario: Scenario) -> None:
         )
         try:
             out.write_text(json.dumps(drive(rank, Path(root), scenario)))
-            dist.barrier()  # gloo may abort a process whose peer tears the group down first
+            dist.barrier()
         finally:
-            dist.destroy_process_group()
+            leave_group(rank, Path(root))
     except BaseException:
         out.write_text(json.dumps({"error": traceback.format_exc()}))
         raise
