@@ -1,20 +1,21 @@
 """The local checkpoint folder: the conventions the trainer integration, the sync sidecar and the
-restore share, and the scan that finds its checkpoints (``scan``: every ``checkpoint-<step>/``
-with its files and whether it is complete, ``LocalCheckpoint``). Names and file helpers only, no
-storage client.
+restore share, and the survey that finds its checkpoints (``survey``/``scan``: a snapshot of the
+folder read by the layout rules of ``trainingrun.layouts``, each checkpoint with its files and
+whether it is complete, ``LocalCheckpoint``). Names and file helpers only, no storage client.
 
 Layout of ``TRAININGRUN_CHECKPOINT_DIR`` (an ``emptyDir`` shared by the three containers)::
 
-    checkpoint-<step>/                 one checkpoint, as the trainer writes it
-    checkpoint-<step>/.trainingrun-complete
-                                       written last by the trainer integration: the folder is
-                                       complete (never uploaded)
+    <the trainer's checkpoints>        as its framework writes them, e.g. checkpoint-<step>/
+                                       (HF Trainer), epoch=0-step=50.ckpt (Lightning),
+                                       global_step50/ and latest (DeepSpeed)
+    <folder>/.trainingrun-complete     written last by a trainer integration: the folder is
+    <file>.trainingrun-complete        (or the file) complete; never uploaded
     .trainingrun/save-now              written by the sidecar on a preemption notice or SIGTERM;
                                        the callback saves at the next step end and stops
     .trainingrun/progress.json         written by the callback: {"step": .., "max_steps": ..}
 
-A trainer without the integration still gets sync: a ``checkpoint-<step>/`` holding
-``trainer_state.json`` whose files did not change for a quiet period counts as complete.
+A trainer without an integration still gets sync: each layout says when a checkpoint is whole
+(the framework's own marker, or no change for a quiet period).
 """
 
 from __future__ import annotations
@@ -37,8 +38,7 @@ TRAINER_STATE = "trainer_state.json"
 def is_control(relative_path: str) -> bool:
     """Paths (relative to the checkpoint folder) of the control files the trainer and the sidecar
     exchange (progress, save-now): written every step, never part of a checkpoint."""
-    parts = Path(relative_path).parts
-    return bool(parts) and parts[0] == CONTROL_DIR
+    return layouts.is_control(Path(relative_path).as_posix())
 
 
 def mark_complete(path: Path) -> None:
@@ -172,15 +172,13 @@ def snapshot(checkpoint_dir: Path) -> tuple[list[layouts.FileInfo], dict[str, st
             if link is None and not full.is_file():
                 continue  # sockets, fifos: never checkpoint data
             infos.append(layouts.FileInfo(rel, st.st_size, st.st_mtime, link))
-            if link is None and name in layouts.POINTER_FILES and st.st_size <= POINTER_MAX:
+            small = st.st_size <= layouts.POINTER_MAX_BYTES
+            if link is None and name in layouts.POINTER_FILES and small:
                 try:
                     contents[rel] = full.read_text(errors="replace")
                 except OSError:
                     continue
     return infos, contents
-
-
-POINTER_MAX = 64 * 1024
 
 
 @dataclass(frozen=True)

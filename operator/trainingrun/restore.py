@@ -3,8 +3,10 @@
 Reads ``manifest.json``, the step's committed entry and the part record of each of its ranks,
 and downloads every file the parts name (all ranks' files: the whole checkpoint) with parallel
 ranged GETs into a staging folder, verifies each size and checksum as it lands, and only then
-renames the folder to ``checkpoint-<step>/`` (marked complete, so sync does not upload it again).
-Object names that would escape the folder are refused before anything is written.
+moves it where its layout goes: ``checkpoint-<step>/`` for the HF Trainer (marked complete, so
+sync does not upload it again), else the entry's ``layout.base``, with the framework's pointer
+files (``layout.extras``) written beside it. Object names that would escape the folder are
+refused before anything is written.
 
 Exit codes (documented in docs/, read by the operator):
 

@@ -1,11 +1,11 @@
 """``trainingrun sync``: the checkpoint sync sidecar's loop.
 
 Watches ``TRAININGRUN_CHECKPOINT_DIR`` (inotify through watchdog, with a polling fallback). Each
-pass finds the complete ``checkpoint-<step>/`` folders (``local.scan``) and, newest first, for
-each one not committed yet: uploads every file with a full-object checksum the endpoint checks
-(multipart for large ones), verifies each object's size and stored checksum, then commits it by
-the protocol in ``trainingrun.commit`` (create-only MANIFEST.json, manifest.json by
-compare-and-swap, retention).
+pass finds the complete checkpoints of the folder's layout (``local.survey``, the rules of
+``trainingrun.layouts``) and, newest first, for each one not committed yet: uploads every file
+with a full-object checksum the endpoint checks (multipart for large ones), verifies each
+object's size and stored checksum, then commits it by the protocol in ``trainingrun.commit``
+(create-only MANIFEST.json, manifest.json by compare-and-swap, retention).
 
 Each sidecar writes as one rank of one epoch (the fence its attempt holds,
 ``TRAININGRUN_EPOCH``, set by the operator; a sync started by hand takes one itself): once it

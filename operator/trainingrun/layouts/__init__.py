@@ -49,6 +49,7 @@ __all__ = [
     "Proof",
     "Scan",
     "find",
+    "is_control",
     "marker_for",
 ]
 
