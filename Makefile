@@ -9,7 +9,8 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
-	layers verify test test-unit test-integration bench-tools bench-transfer bench-protocol clean
+	layers verify test test-unit test-integration bench-tools bench-transfer bench-protocol clean \
+	lightning-env composer-env
 .PHONY: chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
 CHART := charts/trainingrun
@@ -43,6 +44,12 @@ venv: $(STAMP) ## Create .venv with the package and the dev tools (re-run when p
 tools: ## Build the control plane binaries and kwok from Go modules (cached under ~/.cache/trainingrun)
 	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the control plane"; exit 1; }
 	bash hack/build-tools.sh
+
+lightning-env: ## Build the cached virtualenv of the Lightning stack (examples/lightning_finetune.py)
+	bash hack/trainer-env.sh lightning
+
+composer-env: ## Build the cached virtualenv of the Composer stack (examples/composer_finetune.py)
+	bash hack/trainer-env.sh composer
 
 cluster: venv tools ## Start the local control plane (kwok) and SeaweedFS, or reuse them when up
 	$(BIN)/python -m tests.localenv up

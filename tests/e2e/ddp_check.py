@@ -202,7 +202,7 @@ def merge(work: Path, stopped: Gang, step: int) -> dict[int, Path]:
         target.mkdir(parents=True)
         for node in stopped.nodes:
             for f in (node.folder / name).iterdir():
-                if not local.is_internal(f.name):
+                if f.name != local.COMPLETE_MARKER:
                     shutil.copy2(f, target / f.name)
         resume[rank] = target
     return resume

@@ -43,7 +43,7 @@ def losses(path: Path) -> dict[int, float]:
 
 
 def checkpoints(ckdir: Path) -> list[int]:
-    return sorted(s for p in ckdir.iterdir() if (s := local.checkpoint_step(p.name)) is not None)
+    return [c.step for c in local.scan(ckdir, "hf")]
 
 
 def start(
