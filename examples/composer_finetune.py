@@ -1,0 +1,218 @@
+"""A runnable training script for a TrainingRun on MosaicML Composer: a small MLP classifier built
+from a config and trained on CPU, single process, on a synthetic data set made here from a fixed
+seed. Nothing is downloaded.
+
+    python examples/composer_finetune.py --max-steps 60 --save-steps 10
+
+It runs in the Composer stack's virtualenv (``make composer-env``, requirements/composer.txt)
+with ``PYTHONPATH=<clone>/operator``: trainingrun is imported from the clone, not installed.
+
+Checkpoints are Composer's own: the Trainer's ``CheckpointSaver`` saves every ``--save-steps``
+batches (and at the end of training) to ``$TRAININGRUN_CHECKPOINT_DIR/ep{E}-ba{B}-rank0.pt``
+(default folder ./checkpoints), keeps them all, and points the symlink ``latest-rank0.pt`` at the
+newest; ``$TRAININGRUN_RESUME_FROM``, when set and not empty, names the ``.pt`` file to resume
+from (``load_path``). Once training finished, the final weights are in ``final/weights.bin``:
+the raw bytes of every tensor of the state dict, in sorted key order. With ``--loss-log FILE``
+(``-`` for stdout), one JSON line per optimizer step: ``{"step": 12, "loss": 2.07...}``.
+Every option also reads a ``FINETUNE_*`` variable (``--step-delay`` <- ``FINETUNE_STEP_DELAY``).
+
+Deterministic: the same arguments give bitwise the same final weights and losses whether or not
+the run was stopped after a checkpoint and resumed from it. The data order of each epoch comes
+from a seeded ``DistributedSampler`` (``set_epoch`` per epoch); on resume Composer replays the
+sampler to the checkpoint's epoch and skips the batches of that epoch already trained
+(``spin_dataloaders``), and restores the random generators' state saved in the checkpoint.
+
+A run that a callback stopped before ``--max-steps`` (``state.stop_training()``) exits 143.
+Composer installs no SIGTERM handler: SIGTERM ends the process at once (status 143).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from composer import Callback, Logger, State, Trainer
+from composer.models import ComposerModel
+from composer.utils import dist, reproducibility
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+
+CONFIG = {"features": 32, "hidden": 64, "layers": 2, "classes": 8, "samples": 256}
+
+
+def make_dataset(seed: int) -> TensorDataset:
+    """Inputs drawn from a normal distribution, labels from a random teacher network (plus a
+    little label noise), all fixed by the seed."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(CONFIG["samples"], CONFIG["features"], generator=g)
+    teacher = torch.randn(CONFIG["features"], CONFIG["classes"], generator=g)
+    logits = x @ teacher + 0.5 * torch.randn(CONFIG["samples"], CONFIG["classes"], generator=g)
+    return TensorDataset(x, logits.argmax(dim=1))
+
+
+def make_model() -> nn.Sequential:
+    """The MLP of CONFIG: features -> hidden (x layers, GELU) -> classes."""
+    layers: list[nn.Module] = []
+    width = CONFIG["features"]
+    for _ in range(CONFIG["layers"]):
+        layers += [nn.Linear(width, CONFIG["hidden"]), nn.GELU()]
+        width = CONFIG["hidden"]
+    layers.append(nn.Linear(width, CONFIG["classes"]))
+    return nn.Sequential(*layers)
+
+
+class Classifier(ComposerModel):
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = make_model()
+
+    def forward(self, batch: Any) -> torch.Tensor:
+        x, _ = batch
+        return self.net(x)
+
+    def loss(self, outputs: Any, batch: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+        _, y = batch
+        return nn.functional.cross_entropy(outputs, y)
+
+
+class StepLog(Callback):
+    """One JSON line per optimizer step with its loss; optionally slows each step down (tests
+    use it to give a preemption time to land between saves). Event.BATCH_END runs before
+    Event.BATCH_CHECKPOINT, where Composer saves: the line of step S is written before the
+    checkpoint of step S."""
+
+    def __init__(self, path: Path | None, delay: float) -> None:
+        self.path = path
+        self.delay = delay
+
+    def batch_end(self, state: State, logger: Logger) -> None:
+        if self.path and dist.get_global_rank() == 0:
+            loss = state.loss
+            if isinstance(loss, dict):
+                loss = loss["total"]
+            line = json.dumps({"step": int(state.timestamp.batch), "loss": float(loss)}) + "\n"
+            if str(self.path) == "-":
+                sys.stdout.write(line)
+                sys.stdout.flush()
+            else:
+                with self.path.open("a") as f:
+                    f.write(line)
+        if self.delay:
+            time.sleep(self.delay)
+
+
+def stop_hooks() -> list[Callback]:
+    """TrainingRun callbacks are added here by the lead."""
+    return []
+
+
+def save_final(model: nn.Module, folder: Path) -> Path:
+    """The weights as bytes that depend on nothing but their values: every tensor of the state
+    dict, raw, in sorted key order, into folder/weights.bin (written whole, then renamed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    target = folder / "weights.bin"
+    partial = folder / "weights.bin.partial"
+    with partial.open("wb") as f:
+        for key in sorted(state):
+            f.write(state[key].detach().cpu().contiguous().numpy().tobytes())
+    partial.replace(target)
+    return target
+
+
+def env_default(name: str, default: str) -> str:
+    return os.environ.get(f"FINETUNE_{name}", default)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--max-steps", type=int, default=int(env_default("MAX_STEPS", "60")))
+    parser.add_argument("--save-steps", type=int, default=int(env_default("SAVE_STEPS", "10")))
+    parser.add_argument("--batch-size", type=int, default=int(env_default("BATCH_SIZE", "8")))
+    parser.add_argument("--seed", type=int, default=int(env_default("SEED", "42")))
+    parser.add_argument("--lr", type=float, default=float(env_default("LR", "3e-3")))
+    parser.add_argument(
+        "--step-delay",
+        type=float,
+        default=float(env_default("STEP_DELAY", "0")),
+        help="seconds to sleep after each step (makes room for a preemption in tests)",
+    )
+    parser.add_argument(
+        "--loss-log",
+        type=Path,
+        default=env_default("LOSS_LOG", "") or None,
+        help="append one JSON line per step here (- for stdout)",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    output = Path(os.environ.get(ENV_CHECKPOINT_DIR) or "checkpoints")
+    resume = os.environ.get(ENV_RESUME_FROM) or None
+    if resume and not Path(resume).is_file():
+        raise FileNotFoundError(f"{ENV_RESUME_FROM}={resume} is not a Composer .pt file")
+
+    # Bitwise-repeatable CPU training: deterministic kernels, one thread. The Trainer seeds
+    # again, but only after the model is built: seed here first.
+    torch.use_deterministic_algorithms(True)
+    torch.set_num_threads(1)
+    reproducibility.seed_all(args.seed)
+    model = Classifier()
+    data = make_dataset(args.seed)
+    loader = DataLoader(
+        data,
+        batch_size=args.batch_size,
+        sampler=dist.get_sampler(data, shuffle=True, seed=args.seed),
+    )
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
+    # Linear decay to 0 over max_steps, stepped per batch.
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: max(0.0, 1.0 - step / args.max_steps)
+    )
+    trainer = Trainer(
+        model=model,
+        train_dataloader=loader,
+        optimizers=optimizer,
+        schedulers=schedule,
+        step_schedulers_every_batch=True,
+        max_duration=f"{args.max_steps}ba",
+        device="cpu",
+        seed=args.seed,
+        deterministic_mode=True,
+        run_name="composer-finetune",  # else a random name
+        progress_bar=False,
+        log_to_console=False,
+        callbacks=[StepLog(args.loss_log, args.step_delay), *stop_hooks()],
+        save_folder=str(output),
+        save_interval=f"{args.save_steps}ba",
+        save_num_checkpoints_to_keep=-1,  # keep every one: the operator's keep policy prunes
+        # A folder may hold checkpoints newer than the one resumed from (a trainer restarted in
+        # the same pod, a restore of an older step): the default refuses to start then.
+        save_overwrite=True,
+        load_path=resume,
+    )
+    trainer.fit()
+    step = int(trainer.state.timestamp.batch)
+    trainer.close()
+    if step < args.max_steps:  # a callback stopped it (state.stop_training())
+        return EXIT_STOPPED
+    path = save_final(model.net, output / "final")
+    logging.getLogger("composer_finetune").info("final weights in %s", path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
