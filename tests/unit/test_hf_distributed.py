@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import os
 import signal
 import socket
 import time
@@ -110,22 +111,6 @@ def drive(rank: int, root: Path, scenario: Scenario) -> dict[str, Any]:
     }
 
 
-def leave_group(rank: int, root: Path) -> None:
-    """Rank 0 holds the group's TCP store: it leaves last, once every other rank has left
-    (a gloo peer whose store goes away mid-teardown aborts: "terminate called without an active
-    exception", exit -6)."""
-    if rank:
-        dist.destroy_process_group()
-        (root / f"left-{rank}").write_text("")
-        return
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and not all(
-        (root / f"left-{r}").exists() for r in range(1, WORLD)
-    ):
-        time.sleep(0.05)
-    dist.destroy_process_group()
-
-
 def rank_main(rank: int, port: int, root: str, scenario: Scenario) -> None:
     """One process of the group: its result, or its traceback, goes to ``result-<rank>.json``."""
     out = Path(root) / f"result-{rank}.json"
@@ -141,10 +126,14 @@ def rank_main(rank: int, port: int, root: str, scenario: Scenario) -> None:
             out.write_text(json.dumps(drive(rank, Path(root), scenario)))
             dist.barrier()
         finally:
-            leave_group(rank, Path(root))
+            dist.destroy_process_group()
     except BaseException:
         out.write_text(json.dumps({"error": traceback.format_exc()}))
         raise
+    # The result is written and the group left: skip interpreter finalisation, where gloo's
+    # worker threads can still hold tensors and abort the process (SIGABRT, "terminate called
+    # without an active exception"; pytorch/pytorch#179291 describes the teardown race).
+    os._exit(0)
 
 
 def run_group(root: Path, scenario: Scenario) -> list[dict[str, Any]]:
