@@ -1,6 +1,7 @@
 """A runnable training script for a TrainingRun on PyTorch Lightning: a small MLP classifier built
-from a config and trained on CPU, single process, on a synthetic data set made here from a fixed
-seed. Nothing is downloaded.
+from a config and trained on CPU, single process, on a synthetic data set made from a fixed seed
+(the task is examples/tinytask.py, shared with the other framework's example). Nothing is
+downloaded.
 
     python examples/lightning_finetune.py --max-steps 60 --save-steps 10
 
@@ -31,8 +32,6 @@ does when a callback stopped training before ``--max-steps``.
 
 from __future__ import annotations
 
-import argparse
-import json
 import logging
 import os
 import sys
@@ -45,33 +44,11 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from tinytask import log_step, make_dataset, make_model, parse_args, save_final
 from torch import nn
-from torch.utils.data import DataLoader, Sampler, TensorDataset
+from torch.utils.data import DataLoader, Sampler
 
 from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
-
-CONFIG = {"features": 32, "hidden": 64, "layers": 2, "classes": 8, "samples": 256}
-
-
-def make_dataset(seed: int) -> TensorDataset:
-    """Inputs drawn from a normal distribution, labels from a random teacher network (plus a
-    little label noise), all fixed by the seed."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(CONFIG["samples"], CONFIG["features"], generator=g)
-    teacher = torch.randn(CONFIG["features"], CONFIG["classes"], generator=g)
-    logits = x @ teacher + 0.5 * torch.randn(CONFIG["samples"], CONFIG["classes"], generator=g)
-    return TensorDataset(x, logits.argmax(dim=1))
-
-
-def make_model() -> nn.Sequential:
-    """The MLP of CONFIG: features -> hidden (x layers, GELU) -> classes."""
-    layers: list[nn.Module] = []
-    width = CONFIG["features"]
-    for _ in range(CONFIG["layers"]):
-        layers += [nn.Linear(width, CONFIG["hidden"]), nn.GELU()]
-        width = CONFIG["hidden"]
-    layers.append(nn.Linear(width, CONFIG["classes"]))
-    return nn.Sequential(*layers)
 
 
 class EpochSampler(Sampler[int]):
@@ -164,15 +141,9 @@ class StepLog(Callback):
         batch: Any,
         batch_idx: int,
     ) -> None:
-        if self.path and trainer.is_global_zero:
+        if trainer.is_global_zero:
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            line = json.dumps({"step": trainer.global_step, "loss": float(loss)}) + "\n"
-            if str(self.path) == "-":
-                sys.stdout.write(line)
-                sys.stdout.flush()
-            else:
-                with self.path.open("a") as f:
-                    f.write(line)
+            log_step(self.path, trainer.global_step, float(loss))
         if self.delay:
             time.sleep(self.delay)
 
@@ -182,48 +153,8 @@ def stop_hooks() -> list[Callback]:
     return []
 
 
-def save_final(model: nn.Module, folder: Path) -> Path:
-    """The weights as bytes that depend on nothing but their values: every tensor of the state
-    dict, raw, in sorted key order, into folder/weights.bin (written whole, then renamed)."""
-    folder.mkdir(parents=True, exist_ok=True)
-    state = model.state_dict()
-    target = folder / "weights.bin"
-    partial = folder / "weights.bin.partial"
-    with partial.open("wb") as f:
-        for key in sorted(state):
-            f.write(state[key].detach().cpu().contiguous().numpy().tobytes())
-    partial.replace(target)
-    return target
-
-
-def env_default(name: str, default: str) -> str:
-    return os.environ.get(f"FINETUNE_{name}", default)
-
-
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
-    parser.add_argument("--max-steps", type=int, default=int(env_default("MAX_STEPS", "60")))
-    parser.add_argument("--save-steps", type=int, default=int(env_default("SAVE_STEPS", "10")))
-    parser.add_argument("--batch-size", type=int, default=int(env_default("BATCH_SIZE", "8")))
-    parser.add_argument("--seed", type=int, default=int(env_default("SEED", "42")))
-    parser.add_argument("--lr", type=float, default=float(env_default("LR", "3e-3")))
-    parser.add_argument(
-        "--step-delay",
-        type=float,
-        default=float(env_default("STEP_DELAY", "0")),
-        help="seconds to sleep after each step (makes room for a preemption in tests)",
-    )
-    parser.add_argument(
-        "--loss-log",
-        type=Path,
-        default=env_default("LOSS_LOG", "") or None,
-        help="append one JSON line per step here (- for stdout)",
-    )
-    return parser.parse_args(argv)
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+    args = parse_args((__doc__ or "").split("\n\n")[0], argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )

@@ -162,6 +162,13 @@ class SyncProcess:
         self._log.close()
 
 
+def start_sync(syncs: list[SyncProcess], env: dict[str, str], tmp_path: Path) -> SyncProcess:
+    """A sync process with its log in ``tmp_path``; ``syncs`` (the fixture) stops it at the end."""
+    proc = SyncProcess(env, tmp_path / f"sync-{len(syncs)}.log")
+    syncs.append(proc)
+    return proc
+
+
 def run_restore(env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [str(BIN / "trainingrun"), "restore"],

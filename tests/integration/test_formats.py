@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,32 +28,55 @@ from tests.integration.agents import (
     SyncProcess,
     agent_env,
     run_restore,
+    start_sync,
     wait_committed,
     wait_log,
 )
-from tests.trainer_layouts import SAVES, apply
+from tests.trainer_layouts import SAVES, Save, apply
 
 FORMATS = [f for f in SAVES if f != "hf"]  # the HF Trainer's: tests/integration/test_sync_restore
 
 
-def _start(syncs: list[SyncProcess], env: dict[str, str], tmp_path: Path) -> SyncProcess:
-    proc = SyncProcess(env, tmp_path / f"sync-{len(syncs)}.log")
-    syncs.append(proc)
-    return proc
+@dataclass
+class Started:
+    """A sync watching a folder that holds a format's first save, committed; the second save
+    is the test's to write."""
+
+    client: Any
+    uri: str
+    ckdir: Path
+    proc: SyncProcess
+    first: Save
+    second: Save
+
+
+def first_committed(
+    agent_s3: S3,
+    run_key: str,
+    tmp_path: Path,
+    syncs: list[SyncProcess],
+    fmt: str,
+    **env: str,
+) -> Started:
+    """The first save written long ago (whole by any rule), a sync started, the save
+    committed."""
+    client = agent_s3.client()
+    uri = f"s3://{agent_s3.bucket}/{run_key}"
+    ckdir = tmp_path / "ck"
+    first, second = SAVES[fmt](10), SAVES[fmt](20)
+    apply(ckdir, first.ops, mtime=time.time() - 60)
+    proc = start_sync(syncs, agent_env(agent_s3, uri, ckdir, **env), tmp_path)
+    wait_committed(client, agent_s3.bucket, run_key, first.step, timeout=90)
+    return Started(client, uri, ckdir, proc, first, second)
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_format_committed_and_restored_where_the_trainer_looks(
     agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], fmt: str
 ) -> None:
-    client = agent_s3.client()
-    uri = f"s3://{agent_s3.bucket}/{run_key}"
-    ckdir = tmp_path / "ck"
-    first, second = SAVES[fmt](10), SAVES[fmt](20)
-    apply(ckdir, first.ops)
-    proc = _start(syncs, agent_env(agent_s3, uri, ckdir), tmp_path)
-    wait_committed(client, agent_s3.bucket, run_key, first.step, timeout=60)
-    apply(ckdir, second.ops)
+    run = first_committed(agent_s3, run_key, tmp_path, syncs, fmt)
+    client, uri, proc, second = run.client, run.uri, run.proc, run.second
+    apply(run.ckdir, second.ops)
     manifest = wait_committed(client, agent_s3.bucket, run_key, second.step, timeout=60)
     assert proc.terminate() == 0
     assert f"checkpoint format recognised: {fmt}" in proc.log()
@@ -79,22 +104,16 @@ def test_format_committed_and_restored_where_the_trainer_looks(
 def test_save_killed_half_way_is_never_committed(
     agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess], fmt: str
 ) -> None:
-    client = agent_s3.client()
-    uri = f"s3://{agent_s3.bucket}/{run_key}"
-    ckdir = tmp_path / "ck"
-    first, second = SAVES[fmt](10), SAVES[fmt](20)
-    apply(ckdir, first.ops, mtime=time.time() - 60)  # long quiet: whole by any rule
-    proc = _start(syncs, agent_env(agent_s3, uri, ckdir, TRAININGRUN_QUIET_SECONDS="30"), tmp_path)
-    wait_committed(client, agent_s3.bucket, run_key, first.step, timeout=90)
+    run = first_committed(agent_s3, run_key, tmp_path, syncs, fmt, TRAININGRUN_QUIET_SECONDS="30")
     # Killed in the middle of its last file (or before its marker): then the pod ends.
-    *done, (op, path, blob) = second.ops
+    *done, (op, path, blob) = run.second.ops
     cut = [("write", path, blob[: len(blob) // 2])] if isinstance(blob, bytes) else []
-    apply(ckdir, [*done, *cut] if op == "write" else done)
-    assert proc.terminate(timeout=90) == 0
+    apply(run.ckdir, [*done, *cut] if op == "write" else done)
+    assert run.proc.terminate(timeout=90) == 0
 
-    body = client.get_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json")["Body"]
+    body = run.client.get_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json")["Body"]
     manifest = json.loads(body.read())
-    assert [e["step"] for e in manifest["entries"]] == [first.step]
+    assert [e["step"] for e in manifest["entries"]] == [run.first.step]
 
 
 def test_unknown_layout_is_named_in_the_log_and_not_committed(
@@ -104,7 +123,7 @@ def test_unknown_layout_is_named_in_the_log_and_not_committed(
     ckdir = tmp_path / "ck"
     apply(ckdir, [("write", f"weights/shard-{i}.bin", b"w" * 100) for i in range(7)])
     env = agent_env(agent_s3, f"s3://{agent_s3.bucket}/{run_key}", ckdir)
-    proc = _start(syncs, env, tmp_path)
+    proc = start_sync(syncs, env, tmp_path)
 
     wait_log(proc, "7 files in", timeout=60)
     assert proc.terminate() == 0

@@ -27,6 +27,7 @@ from tests.integration.agents import (
     agent_env,
     make_checkpoint,
     run_restore,
+    start_sync,
     wait_committed,
     wait_log,
 )
@@ -48,12 +49,6 @@ HF_LIKE = {
     "training_args.bin": 5000,
     "config.json": 700,
 }
-
-
-def start_sync(syncs: list[SyncProcess], env: dict[str, str], tmp_path: Path) -> SyncProcess:
-    proc = SyncProcess(env, tmp_path / f"sync-{len(syncs)}.log")
-    syncs.append(proc)
-    return proc
 
 
 def manifest_of(client: Any, bucket: str, run_key: str) -> dict[str, Any] | None:

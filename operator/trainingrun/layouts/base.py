@@ -130,11 +130,6 @@ def files_under(snapshot: Sequence[FileInfo], folder: str) -> list[FileInfo]:
     return [f for f in snapshot if under(f.path, folder)]
 
 
-def regular(snapshot: Sequence[FileInfo]) -> list[FileInfo]:
-    """Regular files that may be checkpoint data (symlinks and ours left out)."""
-    return [f for f in snapshot if f.link is None and not is_ours(f.path)]
-
-
 def last_number(text: str) -> int | None:
     numbers = re.findall(r"\d+", text)
     return int(numbers[-1]) if numbers else None

@@ -238,10 +238,14 @@ def mindformers(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         m = _MF.match(name(f.path))
         if m and f.link is None:
             groups[(parent(rank_dir), int(m.group(3)), int(m.group(4)))].append(f)
-        if m or name(f.path) == MF_META or name(f.path).endswith(".tmp"):
+        # The checkpoints, meta.json, and the temporaries of both (<name>.tmp, tmpXXXXXXXX).
+        if (
+            m
+            or name(f.path) == MF_META
+            or name(f.path).endswith(".tmp")
+            or name(f.path).startswith("tmp")
+        ):
             claimed.add(f.path)
-        elif name(f.path).startswith("tmp"):
-            claimed.add(f.path)  # meta.json's temporary file
     found = []
     for (root, epoch, step), files in groups.items():
         metas = [_mf_meta(contents, f"{parent(f.path)}/{MF_META}") for f in files]

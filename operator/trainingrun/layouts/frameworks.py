@@ -22,6 +22,7 @@ from trainingrun.layouts.base import (
     folders,
     has,
     last_number,
+    marker_for,
     name,
     parent,
 )
@@ -147,9 +148,8 @@ def composer(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
             by_step[(parent(f.path), int(m.group(2)))].append(f)
     for (folder, batch), files in by_step.items():
         rank0 = min(files, key=lambda f: f.path)
-        whole = linked.get(folder, -1) >= batch
-        one = file_checkpoint("composer", snapshot, rank0, batch)
-        proof = Proof.COMPLETE if whole or one.proof is Proof.COMPLETE else Proof.INCOMPLETE
+        whole = linked.get(folder, -1) >= batch or has(snapshot, marker_for(rank0.path, False))
+        proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
         found.append(
             Found(
                 format="composer",
@@ -166,8 +166,9 @@ def composer(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         m = _COMPOSER.match(name(folder))
         if m and not m.group(4):
             claimed |= claim_folder(snapshot, folder)
-            has_meta = any(f.path == f"{folder}/{DCP_METADATA}" for f in snapshot)
-            whole = has_meta and linked.get(parent(folder), -1) >= int(m.group(2))
+            whole = has(snapshot, f"{folder}/{DCP_METADATA}") and linked.get(
+                parent(folder), -1
+            ) >= int(m.group(2))
             proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
             found.append(folder_checkpoint("composer", snapshot, folder, int(m.group(2)), proof))
     return RuleResult(tuple(found), frozenset(claimed))
