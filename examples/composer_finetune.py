@@ -23,14 +23,14 @@ from a seeded ``DistributedSampler`` (``set_epoch`` per epoch); on resume Compos
 sampler to the checkpoint's epoch and skips the batches of that epoch already trained
 (``spin_dataloaders``), and restores the random generators' state saved in the checkpoint.
 
-A run that a callback stopped before ``--max-steps`` (``state.stop_training()``) exits 143.
-Composer installs no SIGTERM handler: SIGTERM ends the process at once (status 143).
+``trainingrun.composer`` turns SIGTERM or a preemption notice into a stop at the end of the
+batch under way; Composer saves that batch as the end of training and the script exits 143, so
+the operator resumes it from that file.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -44,7 +44,7 @@ from tinytask import log_step, make_dataset, make_model, parse_args, save_final
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+from trainingrun import composer as tr
 
 
 class Classifier(ComposerModel):
@@ -81,21 +81,12 @@ class StepLog(Callback):
             time.sleep(self.delay)
 
 
-def stop_hooks() -> list[Callback]:
-    """TrainingRun callbacks are added here by the lead."""
-    return []
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args((__doc__ or "").split("\n\n")[0], argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    output = Path(os.environ.get(ENV_CHECKPOINT_DIR) or "checkpoints")
-    resume = os.environ.get(ENV_RESUME_FROM) or None
-    if resume and not Path(resume).is_file():
-        raise FileNotFoundError(f"{ENV_RESUME_FROM}={resume} is not a Composer .pt file")
-
+    output = tr.checkpoint_dir()
     # Bitwise-repeatable CPU training: deterministic kernels, one thread. The Trainer seeds
     # again, but only after the model is built: seed here first.
     torch.use_deterministic_algorithms(True)
@@ -108,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         batch_size=args.batch_size,
         sampler=dist.get_sampler(data, shuffle=True, seed=args.seed),
     )
+    stop = tr.TrainingRunCallback()  # SIGTERM or a preemption notice: save this batch, stop
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     # Linear decay to 0 over max_steps, stepped per batch.
     schedule = torch.optim.lr_scheduler.LambdaLR(
@@ -126,20 +118,19 @@ def main(argv: list[str] | None = None) -> int:
         run_name="composer-finetune",  # else a random name
         progress_bar=False,
         log_to_console=False,
-        callbacks=[StepLog(args.loss_log, args.step_delay), *stop_hooks()],
+        callbacks=[StepLog(args.loss_log, args.step_delay), stop],
         save_folder=str(output),
         save_interval=f"{args.save_steps}ba",
         save_num_checkpoints_to_keep=-1,  # keep every one: the operator's keep policy prunes
         # A folder may hold checkpoints newer than the one resumed from (a trainer restarted in
         # the same pod, a restore of an older step): the default refuses to start then.
         save_overwrite=True,
-        load_path=resume,
+        load_path=tr.resume_path(),  # the restored file, or None on a fresh start
     )
-    trainer.fit()
-    step = int(trainer.state.timestamp.batch)
+    code = tr.fit(trainer)  # trains from the restored file's batch on
     trainer.close()
-    if step < args.max_steps:  # a callback stopped it (state.stop_training())
-        return EXIT_STOPPED
+    if code != 0:
+        return code  # stopped early after saving: 143, the operator resumes it
     path = save_final(model.net, output / "final")
     logging.getLogger("composer_finetune").info("final weights in %s", path)
     return 0

@@ -25,15 +25,14 @@ permutation drawn from its own generator seeded by (seed, epoch), and the loader
 resume in the middle of an epoch goes on with the next batch of that epoch instead of starting
 the epoch over.
 
-On SIGTERM Lightning finishes the current step and stops; the script then exits 143 (no
-checkpoint of its own: the last one is that of the last multiple of ``--save-steps``), as it
-does when a callback stopped training before ``--max-steps``.
+``trainingrun.lightning`` resumes from the restored checkpoint and, on SIGTERM or a preemption
+notice, saves ``epoch=E-step=S.ckpt`` at the end of the step under way and stops: the script
+then exits 143, so the operator resumes it from that file.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -43,12 +42,11 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
-from lightning.pytorch.utilities.exceptions import SIGTERMException
 from tinytask import log_step, make_dataset, make_model, parse_args, save_final
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
-from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+from trainingrun import lightning as tr
 
 
 class EpochSampler(Sampler[int]):
@@ -148,21 +146,12 @@ class StepLog(Callback):
             time.sleep(self.delay)
 
 
-def stop_hooks() -> list[Callback]:
-    """TrainingRun callbacks are added here by the lead."""
-    return []
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args((__doc__ or "").split("\n\n")[0], argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    output = Path(os.environ.get(ENV_CHECKPOINT_DIR) or "checkpoints")
-    resume = os.environ.get(ENV_RESUME_FROM) or None
-    if resume and not Path(resume).is_file():
-        raise FileNotFoundError(f"{ENV_RESUME_FROM}={resume} is not a Lightning .ckpt file")
-
+    output = tr.checkpoint_dir()
     # Bitwise-repeatable CPU training: deterministic kernels, one thread.
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
@@ -182,7 +171,8 @@ def main(argv: list[str] | None = None) -> int:
         devices=1,
         max_steps=args.max_steps,
         max_epochs=-1,
-        callbacks=[StepLog(args.loss_log, args.step_delay), checkpoints, *stop_hooks()],
+        # After the ModelCheckpoint: it saves at a stop request, marks every save complete.
+        callbacks=[StepLog(args.loss_log, args.step_delay), checkpoints, tr.TrainingRunCallback()],
         default_root_dir=output,
         logger=False,
         enable_progress_bar=False,
@@ -190,15 +180,9 @@ def main(argv: list[str] | None = None) -> int:
         num_sanity_val_steps=0,
         deterministic=True,
     )
-    try:
-        trainer.fit(model, train_dataloaders=loader, ckpt_path=resume)
-    except SIGTERMException:
-        # Lightning handles SIGTERM itself (trainer/connectors/signal_connector.py): it finishes
-        # the batch, then raises this SystemExit without a code, which would exit with status 0
-        # as if training had finished. A stopped run exits 143.
-        return EXIT_STOPPED
-    if trainer.global_step < args.max_steps:  # a callback stopped it (trainer.should_stop)
-        return EXIT_STOPPED
+    code = tr.fit(trainer, model, train_dataloaders=loader)  # resumes from the restored file
+    if code != 0:
+        return code  # stopped early (SIGTERM or a preemption notice) after saving: 143
     path = save_final(model.net, output / "final")
     logging.getLogger("lightning_finetune").info("final weights in %s", path)
     return 0

@@ -56,10 +56,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-import signal
-import threading
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import torch
@@ -69,6 +66,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from trainingrun import local
 from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
 from trainingrun.manifest import checkpoint_dirname
+from trainingrun.trainer import StopRequest
 
 log = logging.getLogger("trainingrun.hf")
 
@@ -125,9 +123,8 @@ class TrainingRunCallback(TrainerCallback):
         self.checkpoint_dir = Path(configured) if configured else None
         self.stop_reason: str | None = None  # why training was asked to stop early, if it was
         self.finished = False  # reached max_steps
-        self._signalled: str | None = None
-        self._previous_handler: Any = None
-        self._installed = False
+        # Its folder is only the default: the save-now request is read from _folder(args).
+        self._stop = StopRequest(self.checkpoint_dir, install=False)
 
     @property
     def stopped_early(self) -> bool:
@@ -141,22 +138,13 @@ class TrainingRunCallback(TrainerCallback):
     def _folder(self, args: TrainingArguments) -> Path:
         return self.checkpoint_dir or Path(str(args.output_dir))
 
-    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
-        del signum, frame
-        self._signalled = "SIGTERM"  # only a flag: the step end acts on it
-
     def install_signal_handler(self) -> None:
         """Catches SIGTERM from now on; a no-op outside the main thread (Python's rule)."""
-        if self._installed or threading.current_thread() is not threading.main_thread():
-            return
-        self._previous_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
-        self._installed = True
+        self._stop.install()
 
     def restore_signal_handler(self) -> None:
         """Puts back the SIGTERM handler found at train begin."""
-        if self._installed:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._installed = False
+        self._stop.restore()
 
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -173,7 +161,7 @@ class TrainingRunCallback(TrainerCallback):
         folder = self._folder(args)
         # Checked before progress is written: whoever reads step N and then asks for a save
         # gets checkpoint-(N+1), never N.
-        reason = self._signalled or local.save_requested(folder)
+        reason = self._stop.signalled or local.save_requested(folder)
         asked = reason is not None or self.stop_reason is not None
         # Every rank reaches every step end, so the all_reduce lines up; only under
         # torch.distributed, where a rank must not stop (or save) alone.

@@ -88,6 +88,12 @@ _LIGHTNING_STEP = re.compile(r"(?:^|[-_])step=(\d+)")
 LIGHTNING_SHARDED_META = "meta.pt"
 
 
+def lightning_step(filename: str) -> int | None:
+    """The step in a Lightning checkpoint's name (``epoch=0-step=50.ckpt`` -> 50), or None."""
+    m = _LIGHTNING_STEP.search(filename)
+    return int(m.group(1)) if m else None
+
+
 def lightning(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
     del contents
     found, claimed = [], set()
@@ -95,20 +101,20 @@ def lightning(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         if not f.path.endswith(".ckpt"):
             continue
         claimed.add(f.path)
-        m = _LIGHTNING_STEP.search(name(f.path))
-        if m and f.link is None:
-            found.append(file_checkpoint("lightning", snapshot, f, int(m.group(1))))
+        step = lightning_step(name(f.path))
+        if step is not None and f.link is None:
+            found.append(file_checkpoint("lightning", snapshot, f, step))
     for folder in folders(f.path for f in snapshot):
         if not folder.endswith(".ckpt"):
             continue
         claimed |= claim_folder(snapshot, folder)
-        m = _LIGHTNING_STEP.search(name(folder))
-        if m:
+        step = lightning_step(name(folder))
+        if step is not None:
             whole = has(snapshot, f"{folder}/{DCP_METADATA}") and has(
                 snapshot, f"{folder}/{LIGHTNING_SHARDED_META}"
             )
             proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
-            found.append(folder_checkpoint("lightning", snapshot, folder, int(m.group(1)), proof))
+            found.append(folder_checkpoint("lightning", snapshot, folder, step, proof))
     return RuleResult(tuple(found), frozenset(claimed))
 
 

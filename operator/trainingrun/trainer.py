@@ -1,0 +1,141 @@
+"""The trainer's side of a TrainingRun for any training loop: ``trainingrun.trainer``.
+
+Standard library only: a hand-written loop needs nothing else, and the framework callbacks
+(``trainingrun.hf``, ``trainingrun.lightning``, ``trainingrun.composer``) build on it::
+
+    from trainingrun import trainer
+
+    stop = trainer.StopRequest()                  # catches SIGTERM from here on
+    resume = trainer.resume_from()                # the restored checkpoint, or None
+    step = load(resume) if resume else 0
+    while step < max_steps:
+        step += 1
+        train_one_step()
+        trainer.report_progress(step, max_steps)
+        if step % save_steps == 0 or stop.reason():
+            path = save(trainer.checkpoint_dir() / f"step_{step}")
+            trainer.mark_complete(path)           # the sidecar uploads it at once
+            if stop.reason():
+                sys.exit(trainer.EXIT_STOPPED)    # 143: stopped to be resumed, not finished
+
+- ``StopRequest.reason()`` says why the run should save and stop: ``"SIGTERM"`` (the pod is
+  being deleted or evicted; the grace period is ``spec.preemption.terminationGracePeriodSeconds``)
+  or the sidecar's save-now request (a preemption notice, before any signal). None otherwise.
+  Checking it costs a ``stat`` of one small file: once per step is fine.
+- ``mark_complete(path)`` tells the sidecar a checkpoint (a folder, or a single file) is whole:
+  without it the sidecar waits for the format's own proof or a quiet period
+  (docs/checkpoints.md).
+- ``resume_from()`` is ``TRAININGRUN_RESUME_FROM``: the restored checkpoint in the form the
+  format's resume argument takes (a folder, or a file), or None on a fresh start.
+- Exit ``EXIT_STOPPED`` after an early stop, never 0: the operator counts a trainer's exit 0 as
+  the run finished.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any
+
+from trainingrun import local
+from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+
+__all__ = [
+    "EXIT_STOPPED",
+    "StopRequest",
+    "checkpoint_dir",
+    "mark_complete",
+    "report_progress",
+    "resume_from",
+]
+
+SIGTERM_REASON = "SIGTERM"
+
+
+def checkpoint_dir(default: str | Path = "checkpoints") -> Path:
+    """The folder the sync sidecar watches (``TRAININGRUN_CHECKPOINT_DIR``): save checkpoints in
+    it. ``default`` outside a TrainingRun."""
+    return Path(os.environ.get(ENV_CHECKPOINT_DIR) or default)
+
+
+def resume_from() -> Path | None:
+    """The restored checkpoint to resume from, or None on a fresh start."""
+    value = os.environ.get(ENV_RESUME_FROM, "")
+    if not value:
+        return None
+    path = Path(value)
+    if not path.exists():
+        raise FileNotFoundError(
+            f"{ENV_RESUME_FROM}={value} does not exist: the restore init container puts the "
+            "checkpoint there; check that the trainer container mounts the checkpoint volume at "
+            "spec.checkpoint.localPath"
+        )
+    return path
+
+
+def mark_complete(path: str | Path) -> None:
+    """Marks a checkpoint (a folder, or a single file) whole; call it after every file of it is
+    written. Under torch.distributed, call it once per node after a barrier."""
+    target = Path(path)
+    if not target.exists():
+        raise FileNotFoundError(f"cannot mark {target} complete: it does not exist")
+    local.mark_complete(target)
+
+
+def report_progress(step: int, max_steps: int | None, folder: str | Path | None = None) -> None:
+    """The trainer's step, for the sidecar to publish (``trainingrun_trainer_step``)."""
+    local.write_progress(
+        Path(folder) if folder else checkpoint_dir(), local.Progress(step, max_steps)
+    )
+
+
+class StopRequest:
+    """Whether the run was asked to save and stop: SIGTERM, or the sidecar's save-now request.
+
+    The SIGTERM handler is installed on creation (``install=False`` to do it later with
+    ``install()``) and only records the signal; ``restore()`` (or leaving a ``with`` block) puts
+    the previous handler back. Python allows handlers in the main thread only: elsewhere
+    ``install()`` does nothing and only the save-now request is seen.
+    """
+
+    def __init__(self, folder: str | Path | None = None, *, install: bool = True) -> None:
+        self.folder = Path(folder) if folder else checkpoint_dir()
+        self.signalled: str | None = None
+        self._previous: Any = None
+        self._installed = False
+        if install:
+            self.install()
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        del signum, frame
+        self.signalled = SIGTERM_REASON  # only a flag: the loop acts on it at its next step end
+
+    def install(self) -> None:
+        if self._installed or threading.current_thread() is not threading.main_thread():
+            return
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        self._installed = True
+
+    def restore(self) -> None:
+        if self._installed:
+            signal.signal(signal.SIGTERM, self._previous)
+            self._installed = False
+
+    def reason(self) -> str | None:
+        """Why to stop (``"SIGTERM"``, or the save-now request's reason), or None."""
+        return self.signalled or local.save_requested(self.folder)
+
+    def __enter__(self) -> StopRequest:
+        self.install()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.restore()

@@ -1,0 +1,117 @@
+"""trainingrun.trainer, the framework-neutral side of a TrainingRun for any training loop: the
+stop request (SIGTERM or save-now), completion markers, the resume path, progress."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+
+import pytest
+
+from trainingrun import local, trainer
+from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM
+
+
+@pytest.fixture
+def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(ckdir))
+    return ckdir
+
+
+def test_checkpoint_dir_is_the_sidecars_folder_else_the_default(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert trainer.checkpoint_dir() == folder
+    monkeypatch.delenv(ENV_CHECKPOINT_DIR)
+    assert trainer.checkpoint_dir("out") == Path("out")
+
+
+@pytest.mark.parametrize("kind", ["folder", "file"])
+def test_resume_from_is_the_restored_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    path = tmp_path / ("checkpoint-20" if kind == "folder" else "epoch=0-step=20.ckpt")
+    path.mkdir() if kind == "folder" else path.write_bytes(b"w")
+    monkeypatch.setenv(ENV_RESUME_FROM, str(path))
+    assert trainer.resume_from() == path
+
+
+@pytest.mark.parametrize("value", [None, ""])
+def test_resume_from_is_none_on_a_fresh_start(
+    monkeypatch: pytest.MonkeyPatch, value: str | None
+) -> None:
+    if value is None:
+        monkeypatch.delenv(ENV_RESUME_FROM, raising=False)
+    else:
+        monkeypatch.setenv(ENV_RESUME_FROM, value)
+    assert trainer.resume_from() is None
+
+
+def test_resume_from_a_missing_path_names_the_volume_mount(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(ENV_RESUME_FROM, str(tmp_path / "gone.pt"))
+    with pytest.raises(FileNotFoundError, match=r"gone\.pt does not exist.*spec\.checkpoint"):
+        trainer.resume_from()
+
+
+@pytest.mark.parametrize(
+    ("name", "marker"),
+    [
+        ("checkpoint-10", "checkpoint-10/.trainingrun-complete"),
+        ("epoch=0-step=10.ckpt", "epoch=0-step=10.ckpt.trainingrun-complete"),
+    ],
+)
+def test_mark_complete_marks_a_folder_or_a_file(folder: Path, name: str, marker: str) -> None:
+    path = folder / name
+    if name.endswith(".ckpt"):
+        path.write_bytes(b"weights")
+    else:
+        path.mkdir()
+        (path / "model.bin").write_bytes(b"weights")
+    trainer.mark_complete(str(path))
+    assert (folder / marker).exists()
+    assert [c.marked for c in local.scan(folder)] == [True]
+
+
+def test_mark_complete_of_a_missing_path_is_an_error(folder: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        trainer.mark_complete(folder / "step_5")
+    assert list(folder.iterdir()) == []
+
+
+def test_report_progress_is_what_the_sidecar_reads(folder: Path) -> None:
+    trainer.report_progress(7, 40)
+    assert local.read_progress(folder) == local.Progress(7, 40)
+
+
+def test_stop_request_sees_sigterm_and_puts_the_old_handler_back(folder: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with trainer.StopRequest() as stop:
+        assert stop.reason() is None
+        os.kill(os.getpid(), signal.SIGTERM)  # handled at once: the main thread is here
+        assert stop.reason() == "SIGTERM"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+def test_stop_request_sees_the_sidecars_save_now_request(folder: Path) -> None:
+    stop = trainer.StopRequest(install=False)
+    assert stop.reason() is None
+    local.request_save(folder, "preemption notice: node is being reclaimed")
+    assert stop.reason() == "preemption notice: node is being reclaimed"
+    assert signal.getsignal(signal.SIGTERM) is not stop._on_sigterm
+
+
+def test_stop_request_installs_nothing_outside_the_main_thread(folder: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    made: list[trainer.StopRequest] = []
+    thread = threading.Thread(target=lambda: made.append(trainer.StopRequest()))
+    thread.start()
+    thread.join()
+    assert signal.getsignal(signal.SIGTERM) is before
+    local.request_save(folder, "notice")
+    assert made[0].reason() == "notice"
