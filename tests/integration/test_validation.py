@@ -142,9 +142,20 @@ def test_valid_trainingrun_is_accepted_with_defaults(
     assert "karpenter.sh/disrupted" in got["spec"]["preemption"]["noticeTaints"]
 
 
-def test_example_manifest_is_accepted(localenv: LocalEnv, crd: str, namespace: str) -> None:
+@pytest.mark.parametrize(
+    ("example", "name"),
+    [
+        ("trainingrun.yaml", "finetune-demo"),
+        ("trainingrun-finetune.yaml", "finetune-example"),
+        ("trainingrun-lightning.yaml", "lightning-example"),
+        ("trainingrun-composer.yaml", "composer-example"),
+    ],
+)
+def test_example_manifest_is_accepted(
+    localenv: LocalEnv, crd: str, namespace: str, example: str, name: str
+) -> None:
     proc = localenv.kubectl_run(
-        "apply", "--dry-run=server", "-n", namespace, "-f", "examples/trainingrun.yaml"
+        "apply", "--dry-run=server", "-n", namespace, "-f", f"examples/{example}"
     )
     assert proc.returncode == 0, proc.stderr
-    assert "finetune-demo" in proc.stdout
+    assert name in proc.stdout
