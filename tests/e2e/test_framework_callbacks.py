@@ -1,0 +1,210 @@
+"""The Lightning and Composer integrations (``trainingrun.lightning``, ``trainingrun.composer``)
+with the real libraries, in their stacks' virtualenvs, as plain local processes (no cluster).
+
+A run asked to stop between two saves (SIGTERM, or the sidecar's save-now request) saves the step
+after the one it reported, in the framework's own format, proved whole for the sidecar (our
+marker beside a Lightning file; Composer's latest link), and exits 143. A fresh process resumed
+from that file (``TRAININGRUN_RESUME_FROM``) ends with final weights bitwise equal to an
+uninterrupted run's, and the same loss at every step after the resume point. One resumed from the
+checkpoint of the last step trains nothing and ends with the same weights.
+
+The stop steps come from a seeded RNG (``TRAININGRUN_TEST_SEED``, default 5) and are printed.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.example import REPO, losses
+from tests.e2e.frameworks import FRAMEWORKS, Reference, script, stack_python, uninterrupted
+from trainingrun import local
+from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+
+MAX_STEPS, SAVE_STEPS = 40, 10
+STEP_DELAY = 0.25  # a stop request lands within the step after the one the test saw
+SEED = int(os.environ.get("TRAININGRUN_TEST_SEED", "5"))
+RUN_TIMEOUT = 300
+
+
+@dataclass(frozen=True)
+class Stack:
+    framework: str
+    python: Path
+    reference: Reference
+    ckdir: Path  # the uninterrupted run's checkpoint folder
+
+
+@pytest.fixture(scope="module", params=FRAMEWORKS)
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Stack:
+    """A framework, its python and its uninterrupted run."""
+    framework = str(request.param)
+    python = stack_python(framework)
+    work = tmp_path_factory.mktemp(f"{framework}-reference")
+    reference = uninterrupted(framework, python, work, MAX_STEPS, SAVE_STEPS)
+    print(f"{framework}: uninterrupted run of {MAX_STEPS} steps in {reference.total_s:.1f}s")
+    assert sorted(reference.losses) == list(range(1, MAX_STEPS + 1))
+    survey = local.survey(work / "ck")
+    assert survey.formats == (framework,)
+    assert [c.step for c in survey.checkpoints] == list(
+        range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS)
+    )
+    assert all(c.marked for c in survey.checkpoints), "every save is proved whole at once"
+    return Stack(framework, python, reference, work / "ck")
+
+
+def start(
+    framework: str, python: Path, ckdir: Path, loss_log: Path, delay: float, resume: str = ""
+) -> subprocess.Popen[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAININGRUN_")}
+    env.update(
+        {
+            "PYTHONPATH": str(REPO / "operator"),
+            ENV_CHECKPOINT_DIR: str(ckdir),
+            ENV_RESUME_FROM: resume,
+        }
+    )
+    return subprocess.Popen(
+        [
+            str(python),
+            script(framework),
+            f"--max-steps={MAX_STEPS}",
+            f"--save-steps={SAVE_STEPS}",
+            f"--loss-log={loss_log}",
+            f"--step-delay={delay}",
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], expected: int) -> None:
+    _, err = proc.communicate(timeout=RUN_TIMEOUT)
+    assert proc.returncode == expected, err[-3000:]
+
+
+def wait_for_step(proc: subprocess.Popen[str], ckdir: Path, step: int) -> int:
+    """Polls the progress file (written after the step end's stop check) until it shows
+    ``step`` or later; returns the step it showed."""
+    deadline = time.monotonic() + RUN_TIMEOUT
+    while time.monotonic() < deadline:
+        progress = local.read_progress(ckdir)
+        if progress is not None and progress.step >= step:
+            return progress.step
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode} before step {step}: {proc.stderr}")
+        time.sleep(0.02)
+    raise AssertionError(f"step {step} not reached in {RUN_TIMEOUT}s")
+
+
+@pytest.mark.parametrize("how", ["sigterm", "save-now"])
+def test_stop_saves_the_next_step_and_resumes_exactly(
+    stack: Stack, tmp_path: Path, how: str
+) -> None:
+    framework, python, reference = stack.framework, stack.python, stack.reference
+    ckdir, first, second = tmp_path / "ck", tmp_path / "loss-1.jsonl", tmp_path / "loss-2.jsonl"
+    candidates = [s for s in range(SAVE_STEPS + 1, MAX_STEPS - 10) if s % SAVE_STEPS not in (0, 9)]
+    target = random.Random(f"{SEED}-{framework}-{how}").choice(candidates)
+
+    proc = start(framework, python, ckdir, first, STEP_DELAY)
+    seen = wait_for_step(proc, ckdir, target)
+    asked = time.monotonic()
+    if how == "sigterm":
+        proc.send_signal(signal.SIGTERM)
+    else:
+        local.request_save(ckdir, "preemption notice: test")
+    finish(proc, EXIT_STOPPED)
+    print(
+        f"seed {SEED}, {framework} {how}: stopped after step {seen}, the process ended "
+        f"{time.monotonic() - asked:.1f}s after the request"
+    )
+
+    survey = local.survey(ckdir)
+    saved = seen + 1
+    assert survey.formats == (framework,)
+    assert [c.step for c in survey.checkpoints] == [*range(SAVE_STEPS, saved, SAVE_STEPS), saved]
+    assert all(c.marked for c in survey.checkpoints)
+    assert survey.unrecognised == ()
+    assert not (ckdir / "final").exists(), "a stopped run must not write final weights"
+    before = losses(first)
+    assert sorted(before) == list(range(1, saved + 1))
+    assert all(before[s] == reference.losses[s] for s in before)
+
+    # The next attempt: a fresh process in a fresh folder, resuming from the saved file.
+    newest = survey.checkpoints[-1]
+    restored = tmp_path / "restored"
+    restored.mkdir()
+    shutil.copy(ckdir / newest.found.resume, restored / Path(newest.found.resume).name)
+    resume = restored / Path(newest.found.resume).name
+    finish(start(framework, python, restored, second, 0.0, str(resume)), 0)
+    assert (restored / "final" / "weights.bin").read_bytes() == reference.weights
+    after = losses(second)
+    assert sorted(after) == list(range(saved + 1, MAX_STEPS + 1))
+    differing = [s for s in after if after[s] != reference.losses[s]]
+    assert not differing, f"loss differs after the resume point at steps {differing}"
+
+
+def test_resume_from_the_last_step_trains_nothing_more(stack: Stack, tmp_path: Path) -> None:
+    """An attempt that saved its last step but was stopped before it exited: the next one
+    resumes from that file and ends with the same weights without training a step."""
+    last = local.survey(stack.ckdir).checkpoints[-1]
+    assert last.step == MAX_STEPS
+    ckdir = tmp_path / "ck"
+    ckdir.mkdir()
+    resume = ckdir / Path(last.found.resume).name
+    shutil.copy(stack.ckdir / last.found.resume, resume)
+    log = tmp_path / "loss.jsonl"
+    finish(start(stack.framework, stack.python, ckdir, log, 0.0, str(resume)), 0)
+    assert (ckdir / "final" / "weights.bin").read_bytes() == stack.reference.weights
+    assert losses(log) == {}
+
+
+LISTED_BEFORE = """
+import lightning.pytorch as pl, torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from trainingrun.lightning import TrainingRunCallback
+
+class M(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(2, 1)
+    def training_step(self, batch, i):
+        return self.w(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
+trainer = pl.Trainer(
+    max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+    callbacks=[TrainingRunCallback("ck"), ModelCheckpoint(dirpath="ck")],
+)
+trainer.fit(M(), data)
+"""
+
+
+def test_lightning_callback_listed_before_modelcheckpoint_is_refused(tmp_path: Path) -> None:
+    python = stack_python("lightning")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
+    proc = subprocess.run(
+        [str(python), "-c", LISTED_BEFORE],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert "list it after every ModelCheckpoint" in proc.stderr
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("*.ckpt"))
