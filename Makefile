@@ -10,7 +10,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
 	layers verify test test-unit test-integration bench-tools bench-transfer bench-protocol clean \
-	lightning-env composer-env
+	lightning-env composer-env mindformers-env
 .PHONY: chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
 CHART := charts/trainingrun
@@ -45,11 +45,14 @@ tools: ## Build the control plane binaries and kwok from Go modules (cached unde
 	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the control plane"; exit 1; }
 	bash hack/build-tools.sh
 
-lightning-env: ## Build the cached virtualenv of the Lightning stack (examples/lightning_finetune.py)
+lightning-env: ## Build the cached virtualenv of the Lightning stack, with DeepSpeed (examples/lightning_finetune.py)
 	bash hack/trainer-env.sh lightning
 
 composer-env: ## Build the cached virtualenv of the Composer stack (examples/composer_finetune.py)
 	bash hack/trainer-env.sh composer
+
+mindformers-env: ## Build the cached virtualenv of the MindFormers stack (tests/layout_savers/mindformers_save.py)
+	bash hack/trainer-env.sh mindformers
 
 cluster: venv tools ## Start the local control plane (kwok) and SeaweedFS, or reuse them when up
 	$(BIN)/python -m tests.localenv up
@@ -95,7 +98,7 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		echo "make verify has regenerated the file(s) above: review with 'git diff' and commit"; \
 		exit 1; } >&2
 
-test: verify tools ## Everything CI runs: verify, then unit and integration tests
+test: verify tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
 	$(BIN)/pytest tests
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder

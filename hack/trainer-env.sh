@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds (or reuses) the cached virtualenv of a trainer stack outside the clone:
-#   bash hack/trainer-env.sh NAME     # NAME: lightning, composer (requirements/NAME.txt)
+#   bash hack/trainer-env.sh NAME     # requirements/NAME.txt: lightning, composer, mindformers
 # The folder is venvs/NAME-<first 12 hex of the sha256 of requirements/NAME.txt> under
 # ${TRAININGRUN_CACHE:-${XDG_CACHE_HOME:-~/.cache}/trainingrun} (as hack/build-tools.sh), so a
 # changed requirements file gets a new one and a warm run returns at once. A stamp file is

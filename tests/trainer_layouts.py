@@ -5,6 +5,9 @@ half-way is any strict prefix of its operations.
 
 Each ``Save`` also says what the layout rule must make of the whole save: the step, the files a
 restore must put back, what the trainer resumes from, and the pointer files the restore writes.
+``SAVES`` holds one save per format, ``CASES`` adds more of a format (DeepSpeed's ZeRO stages and
+bf16). tests/e2e/test_real_layouts.py checks the DeepSpeed and MindFormers ones against the files
+and operations of the real libraries.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 # (op, path, argument): ("write", path, bytes), ("rename", src, dst), ("link", path, target),
@@ -104,23 +108,46 @@ def dcp(step: int) -> Save:
     return Save("dcp", step, ops, folder, {**shards, f"{folder}/.metadata": meta})
 
 
-def deepspeed(step: int) -> Save:
-    # Rank 1's optimizer shard lands after rank 0 wrote "latest" (before the barrier).
-    tag = f"ds/global_step{step}"
-    model = {f"{tag}/mp_rank_00_model_states.pt": data("model", step)}
-    shard0 = {f"{tag}/zero_pp_rank_0_mp_rank_00_optim_states.pt": data("optim0", step)}
-    shard1 = {f"{tag}/zero_pp_rank_1_mp_rank_00_optim_states.pt": data("optim1", step)}
-    script = {"ds/zero_to_fp32.py": b"# recovery script\n"}
+def deepspeed(
+    step: int, stage: int = 2, bf16: bool = False, ranks: int = 2, save_dir: str = "ds"
+) -> Save:
+    """``engine.save_checkpoint(save_dir)`` of a ``ranks``-process ZeRO ``stage`` run: model
+    states (rank 0's ``mp_rank_00_model_states.pt``; each rank's
+    ``zero_pp_rank_<r>_mp_rank_00_model_states.pt`` under ZeRO-3), then each rank's optimizer
+    shard (``bf16_`` in front with bf16; none at stage 0 without bf16: the optimizer is in the
+    model states), all written in place; rank 0 copies zero_to_fp32.py and zero_to_torch.py
+    beside the tags after its shard, then writes ``latest``, before the closing barrier: the other
+    ranks' files land after it."""
+    tag = f"{save_dir}/global_step{step}"
+    sharded = stage > 0 or bf16
+
+    def rank_files(r: int) -> dict[str, bytes]:
+        files = {}
+        if stage == 3:
+            name = f"zero_pp_rank_{r}_mp_rank_00_model_states.pt"
+            files[f"{tag}/{name}"] = data(name, step)
+        elif r == 0:
+            files[f"{tag}/mp_rank_00_model_states.pt"] = data("model", step)
+        if sharded:
+            name = f"{'bf16_' if bf16 else ''}zero_pp_rank_{r}_mp_rank_00_optim_states.pt"
+            files[f"{tag}/{name}"] = data(name, step)
+        return files
+
+    first = rank_files(0)
+    others = {p: b for r in range(1, ranks) for p, b in rank_files(r).items()}
+    scripts = {
+        f"{save_dir}/{n}": f"# {n}\n".encode() for n in ("zero_to_fp32.py", "zero_to_torch.py")
+    }
+    latest = f"{save_dir}/latest"
     ops = [
-        *_writes(model),
-        *_writes(shard0),
-        *_writes(script),
-        ("write", "ds/latest", f"global_step{step}".encode()),
-        *_writes(shard1),
+        *_writes(first),
+        *(_writes(scripts) if sharded else []),
+        ("write", latest, f"global_step{step}".encode()),
+        *_writes(others),
     ]
-    pointer = {"ds/latest": f"global_step{step}"}
-    restored = {**model, **shard0, **shard1, "ds/latest": pointer["ds/latest"].encode()}
-    return Save("deepspeed", step, ops, "ds", restored, pointer)
+    pointer = {latest: f"global_step{step}"}
+    restored = {**first, **others, latest: pointer[latest].encode()}
+    return Save("deepspeed", step, ops, save_dir, restored, pointer)
 
 
 def megatron(step: int) -> Save:
@@ -153,16 +180,19 @@ def nemo(step: int) -> Save:
 
 
 def mindformers(step: int, epoch: int = 1, ranks: int = 2) -> Save:
+    """Each rank's CheckpointMonitor save, rank after rank (nothing syncs the ranks' saves):
+    MindSpore writes ``<name>.tmp`` (the ``.ckpt`` suffix replaced) and renames it to the
+    ``.ckpt`` (then makes it read-only, 0400); MindFormers then replaces ``meta.json`` from a
+    ``tempfile`` in the rank's folder (``tmpXXXXXXXX``)."""
     root = "output/checkpoint"
     ops: list[Op] = []
     restored: dict[str, bytes] = {}
     extras: dict[str, str] = {}
     for r in range(ranks):
-        name = f"{root}/rank_{r}/llama_rank_{r}-{epoch}_{step}.ckpt"
+        stem = f"{root}/rank_{r}/llama_rank_{r}-{epoch}_{step}"
         blob = data(f"mf{r}", step)
-        ops += [("write", name + ".tmp", blob), ("rename", name + ".tmp", name)]
-        restored[name] = blob
-    for r in range(ranks):
+        ops += [("write", f"{stem}.tmp", blob), ("rename", f"{stem}.tmp", f"{stem}.ckpt")]
+        restored[f"{stem}.ckpt"] = blob
         meta = json.dumps(
             {
                 "last_epoch": epoch,
@@ -196,3 +226,11 @@ SAVES: dict[str, Callable[[int], Save]] = {
     "mindformers": mindformers,
     "accelerate": accelerate,
 }
+# More saves of a format, each in its own folder: the DeepSpeed files of other ZeRO stages and
+# precisions (tests/e2e/test_real_layouts.py checks the names against the real library's).
+VARIANTS: dict[str, Callable[[int], Save]] = {
+    "deepspeed-zero3": partial(deepspeed, stage=3, save_dir="ds-zero3"),
+    "deepspeed-bf16": partial(deepspeed, bf16=True, save_dir="ds-bf16"),
+    "deepspeed-stage0": partial(deepspeed, stage=0, save_dir="ds-stage0"),
+}
+CASES = {**SAVES, **VARIANTS}

@@ -1,15 +1,15 @@
 """The checkpoint layout rules (trainingrun.layouts) on real folders, through ``local.survey``.
 
 Covers, for every format (HF Trainer, Lightning, Composer, DCP, DeepSpeed, Megatron-LM, NeMo 2,
-MindFormers, Accelerate), saves laid out as the framework's source writes them
-(tests/trainer_layouts.py):
+MindFormers, Accelerate) and DeepSpeed's ZeRO-3, bf16 and stage 0 files, saves laid out as the
+framework's source writes them (tests/trainer_layouts.py):
 
 - two whole saves: both found, by auto and by the format's own name, with the step, the files
   to upload, the resume argument and the pointer files the restore writes; nothing left
   unrecognised;
 - a save killed half-way (every strict prefix of its operations, and each prefix with the next
   file cut short): never complete when the trainer has just died, so a drain never commits it;
-  the older whole save stays complete;
+  the older whole save stays complete; a first save killed half-way (no older one) neither;
 - the files of one format are not taken for another's, an unknown layout is reported as
   unrecognised, and a user's pattern (folder or file, step regex, marker) works and is checked;
 - torch.distributed.checkpoint and Accelerate's save_state, the real libraries, write folders
@@ -27,7 +27,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from accelerate.utils import ProjectConfiguration
 
-from tests.trainer_layouts import SAVES, Op, Save, apply
+from tests.trainer_layouts import CASES, SAVES, Op, Save, apply
 from trainingrun import layouts, local
 from trainingrun.layouts import Pattern, Proof
 
@@ -35,17 +35,18 @@ T0 = 1_000_000.0  # the time every file of the first save is written at
 QUIET = 10.0
 
 
-def _save_both(folder: Path, fmt: str) -> tuple[Save, Save]:
-    first, second = SAVES[fmt](10), SAVES[fmt](20)
+def _save_both(folder: Path, case: str) -> tuple[Save, Save]:
+    first, second = CASES[case](10), CASES[case](20)
     apply(folder, first.ops, T0)
     apply(folder, second.ops, T0 + 100)
     return first, second
 
 
-@pytest.mark.parametrize("fmt", list(SAVES))
+@pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("chosen", ["auto", "named"])
-def test_whole_saves_are_found(tmp_path: Path, fmt: str, chosen: str) -> None:
-    first, second = _save_both(tmp_path, fmt)
+def test_whole_saves_are_found(tmp_path: Path, case: str, chosen: str) -> None:
+    first, second = _save_both(tmp_path, case)
+    fmt = first.format
 
     found = local.survey(tmp_path, fmt if chosen == "named" else layouts.AUTO)
 
@@ -78,31 +79,70 @@ def _killed(save: Save) -> list[tuple[str, list[Op]]]:
 
 
 KILLED = [
-    pytest.param(fmt, label, ops, id=f"{fmt}-{label}")
-    for fmt in SAVES
-    for label, ops in _killed(SAVES[fmt](20))
+    pytest.param(case, label, ops, id=f"{case}-{label}")
+    for case in CASES
+    for label, ops in _killed(CASES[case](20))
 ]
 
 
-@pytest.mark.parametrize(("fmt", "label", "ops"), KILLED)
+@pytest.mark.parametrize(("case", "label", "ops"), KILLED)
 def test_a_save_killed_half_way_is_never_complete(
-    tmp_path: Path, fmt: str, label: str, ops: list[Op]
+    tmp_path: Path, case: str, label: str, ops: list[Op]
 ) -> None:
-    first = SAVES[fmt](10)
+    first = CASES[case](10)
     apply(tmp_path, first.ops, T0)
     apply(tmp_path, ops, T0 + 100)
 
-    by_step = {c.step: c for c in local.scan(tmp_path, fmt)}
+    by_step = {c.step: c for c in local.scan(tmp_path, first.format)}
 
-    killed = by_step.get(SAVES[fmt](20).step)
+    killed = by_step.get(CASES[case](20).step)
     # The trainer died just now: the drain looks once, with nothing quiet yet.
     assert killed is None or not killed.complete(T0 + 101, QUIET, trainer_gone=True)
     assert by_step[first.step].complete(T0 + 101, QUIET, trainer_gone=True)
 
 
+# MindFormers is left out: until a rank has written anything of its first save its folder does
+# not exist, and nothing in the others' folders says how many ranks there are.
+KILLED_FIRST = [
+    pytest.param(case, label, ops, id=f"{case}-{label}")
+    for case in CASES
+    if case != "mindformers"
+    for label, ops in _killed(CASES[case](10))
+]
+
+
+@pytest.mark.parametrize(("case", "label", "ops"), KILLED_FIRST)
+def test_a_first_save_killed_half_way_is_never_complete(
+    tmp_path: Path, case: str, label: str, ops: list[Op]
+) -> None:
+    save = CASES[case](10)
+    apply(tmp_path, ops, T0)
+
+    by_step = {c.step: c for c in local.scan(tmp_path, save.format)}
+
+    killed = by_step.get(save.step)
+    assert killed is None or not killed.complete(T0 + 1, QUIET, trainer_gone=True)
+
+
+def test_a_mindformers_rank_behind_keeps_the_checkpoint_incomplete(tmp_path: Path) -> None:
+    """Rank 0 has renamed its file and replaced its meta.json; rank 1, a save behind, has only
+    its ``.tmp``: the checkpoint is not whole, whatever rank 0's meta.json says."""
+    apply(tmp_path, SAVES["mindformers"](10).ops, T0)
+    second = SAVES["mindformers"](20)
+    rank0_done = [op for op in second.ops if "/rank_0/" in op[1]]
+    apply(tmp_path, [*rank0_done, second.ops[len(rank0_done)]], T0 + 100)
+
+    by_step = {c.step: c for c in local.scan(tmp_path, "mindformers")}
+
+    assert second.ops[len(rank0_done)][1].endswith("/rank_1/llama_rank_1-1_20.tmp")
+    assert by_step[second.step].found.proof is Proof.INCOMPLETE
+    assert by_step[second.step].files == (("rank_0/llama_rank_0-1_20.ckpt", 3000),)
+    assert by_step[1_000_010].found.proof is Proof.COMPLETE
+
+
 def test_one_formats_files_are_not_taken_for_anothers(tmp_path: Path) -> None:
-    for fmt in SAVES:
-        apply(tmp_path, SAVES[fmt](10).ops, T0)
+    for case in CASES:
+        apply(tmp_path, CASES[case](10).ops, T0)
 
     found = local.survey(tmp_path)
 

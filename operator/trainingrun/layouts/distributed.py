@@ -201,9 +201,11 @@ def nemo(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
 # -- MindFormers --------------------------------------------------------------------------------
 # mindformers/core/callback/callback.py CheckpointMonitor (legacy format, the default):
 # <dir>/rank_<i>/<prefix>_rank_<i>-<epoch>_<step>.ckpt (or .safetensors), the step counted
-# within the epoch; MindSpore's _exec_save writes <name>.tmp and renames it, so a file under its
-# final name is whole. Then record_last_ckpt_to_json replaces rank_<i>/meta.json
-# {"last_epoch", "last_step", "last_ckpt_file"} (a temporary file, os.replace). Checkpoints
+# within the epoch; MindSpore's _exec_save writes <prefix>_rank_<i>-<epoch>_<step>.tmp (the
+# suffix replaced) and renames it, so a file under its final name is whole (then chmods it
+# 0400). Then record_last_ckpt_to_json replaces rank_<i>/meta.json {"last_epoch", "last_step",
+# "last_ckpt_file"} (a tempfile tmpXXXXXXXX in the rank's folder, os.replace). Nothing syncs the
+# ranks' saves: a checkpoint is whole once every rank folder there holds its file. Checkpoints
 # order by (epoch, step in epoch): the key is epoch x 10^6 + step. Resume with load_checkpoint
 # = <dir> and resume_training = True (tools/resume_ckpt.py picks the newest (epoch, step) every
 # rank has, from the meta.json files). checkpoint_network/ and checkpoint_trainable/ hold
@@ -225,8 +227,22 @@ def _mf_meta(contents: dict[str, str], path: str) -> tuple[int, int] | None:
         return None
 
 
+def _mf_proof(
+    missing_ranks: bool, metas: list[tuple[int, int] | None], at: tuple[int, int]
+) -> Proof:
+    """Every rank folder must hold the checkpoint's file (a rank still writing has only its
+    ``.tmp``), and every rank's meta.json name it or a newer one; a rank without meta.json yet
+    (its first save, or an asynchronous save whose meta.json lags) leaves quiet to tell."""
+    if missing_ranks:
+        return Proof.INCOMPLETE
+    if any(m is not None and m < at for m in metas):
+        return Proof.INCOMPLETE
+    return Proof.QUIET if None in metas else Proof.COMPLETE
+
+
 def mindformers(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
     groups: dict[tuple[str, int, int], list[FileInfo]] = defaultdict(list)
+    rank_dirs: dict[str, set[str]] = defaultdict(set)  # <dir> -> its rank_<i> folders in use
     claimed: set[str] = set()
     for f in snapshot:
         if _MF_OTHER.search(f.path):
@@ -246,15 +262,12 @@ def mindformers(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
             or name(f.path).startswith("tmp")
         ):
             claimed.add(f.path)
+            rank_dirs[parent(rank_dir)].add(rank_dir)
     found = []
     for (root, epoch, step), files in groups.items():
-        metas = [_mf_meta(contents, f"{parent(f.path)}/{MF_META}") for f in files]
-        if any(m is None for m in metas):
-            proof = Proof.QUIET  # the renamed file is whole; a rank's meta.json may lag
-        elif all(m is not None and m >= (epoch, step) for m in metas):
-            proof = Proof.COMPLETE
-        else:
-            proof = Proof.INCOMPLETE
+        holding = {parent(f.path) for f in files}
+        metas = [_mf_meta(contents, f"{d}/{MF_META}") for d in sorted(rank_dirs[root])]
+        proof = _mf_proof(holding != rank_dirs[root], metas, (epoch, step))
         rel = [f.path[len(root) + 1 :] if root else f.path for f in files]
         meta = {"last_epoch": epoch, "last_step": step}
         extras = tuple(
