@@ -149,6 +149,18 @@ class CheckpointSpec(_Model):
         ),
     )
     pattern: PatternSpec | None = Field(default=None, description="The layout of format: pattern.")
+    unprotected_after_seconds: int = Field(
+        default=1800,
+        ge=0,
+        le=604800,
+        description=(
+            "Seconds an attempt's trainer may run with no checkpoint committed since it "
+            "started; then the run's Protected condition turns False (reason Unprotected) and a "
+            "Warning Event says so, once per attempt: the sync sidecar recognised no checkpoint "
+            "(files of no known format, or none written) or could not upload one "
+            "(docs/checkpoints.md, unprotected runs). 0 turns the warning off."
+        ),
+    )
 
 
 class BackoffSpec(_Model):
@@ -287,13 +299,20 @@ class CheckpointRef(_Model):
     step: int = Field(ge=0, description="Training step of the checkpoint.")
     uri: str = Field(description="Object storage prefix of the checkpoint.")
     time: str | None = Field(default=None, description="When it was committed (RFC 3339).")
+    format: str | None = Field(
+        default=None,
+        description=(
+            "The checkpoint format the sync sidecar recognised it as (hf, lightning, composer, "
+            "dcp, deepspeed, megatron, nemo, mindformers, accelerate or pattern)."
+        ),
+    )
 
 
 class Condition(_Model):
     """One aspect of the run's state, in the metav1.Condition shape."""
 
     type: str = Field(
-        description="Type of condition in CamelCase: Running, Succeeded or Failed.",
+        description="Type of condition in CamelCase: Running, Succeeded, Failed or Protected.",
     )
     status: str = Field(description="Status of the condition, one of True, False, Unknown.")
     reason: str = Field(
@@ -378,7 +397,7 @@ class TrainingRunStatus(_Model):
         # A list-map: one entry per type, merged by type in server-side apply.
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description=(
-            "The latest available observations of the run's state: Running, Succeeded, Failed "
-            "(metav1.Condition)."
+            "The latest available observations of the run's state: Running, Succeeded, Failed, "
+            "Protected (metav1.Condition)."
         ),
     )

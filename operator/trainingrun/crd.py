@@ -165,6 +165,13 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.latestCheckpoint.step"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
+    # Which format the sidecar recognised: the first thing to look at when a run is unprotected.
+    {
+        "name": "Format",
+        "type": "string",
+        "jsonPath": ".status.latestCheckpoint.format",
+        "priority": 1,
+    },
     {"name": "Reason", "type": "string", "jsonPath": ".status.reason", "priority": 1},
     {"name": "Message", "type": "string", "jsonPath": ".status.message", "priority": 1},
 ]

@@ -1,12 +1,12 @@
 """One reconcile pass of one TrainingRun: gather, ``plan()``, apply.
 
 Gather: the run, the pods of its current attempt (one, or a gang's one per rank) and their
-nodes (from the caches, read through to the API), and, when an attempt ended or a refresh is
-due, the bucket manifest. Plan: the pure ``trainingrun.decide.reconcile.plan``. Apply: the
-status is written once and its Events handed to the sink, then the pods of older attempts (and
-those the plan ends) are deleted until they are gone (``trainingrun.oldpods``; a refused DELETE
-is retried at a later pass and never stops the next attempt), then the next attempt's pods are
-created (``trainingrun.launcher``).
+nodes (from the caches, read through to the API), and, when an attempt ended, is about to be
+warned unprotected or a refresh is due, the bucket manifest. Plan: the pure
+``trainingrun.decide.reconcile.plan``. Apply: the status is written once and its Events handed
+to the sink, then the pods of older attempts (and those the plan ends) are deleted until they
+are gone (``trainingrun.oldpods``; a refused DELETE is retried at a later pass and never stops
+the next attempt), then the next attempt's pods are created (``trainingrun.launcher``).
 
 Everything outside is passed in (the Kubernetes wrapper, the stores, the Event sink, the
 metrics, the clock), so a unit test drives a ``Reconciler`` against fakes in memory.
@@ -44,6 +44,7 @@ from trainingrun.decide.reconcile import (
     is_finished,
     plan,
     started,
+    warns_unprotected,
 )
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
@@ -175,9 +176,11 @@ class Reconciler:
             peers=tuple(gang[1:]),
         )
         begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
-        attempt_ended = begun and attempt_outcome(obs).ended
+        # An attempt's end, and the warning that it committed nothing, are judged on the bucket
+        # manifest itself rather than the last refresh (up to checkpoint_refresh_seconds old).
+        due = begun and (attempt_outcome(obs).ended or warns_unprotected(obs))
         try:
-            seen = self._checkpoints(ref, mem, due=attempt_ended, first=status.attempt == 0)
+            seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except MissingSecret as e:
             self._fail(run, status, R.MISSING_SECRET, str(e), now)
             return None
@@ -203,10 +206,11 @@ class Reconciler:
         return sooner(self._start_attempt(run, ref, obs, p.status), again)
 
     def _checkpoints(self, ref: RunRef, mem: RunMemory, due: bool, first: bool) -> Checkpoints:
-        """The run manifest when an attempt ended, none started yet (``first``), or a refresh
-        is due. Raises MissingSecret only when ``first``: a running attempt keeps the
-        credentials it started with and is supervised to its end, which may be a success; the
-        next attempt's start fails the run on it."""
+        """The run manifest when ``due`` (an attempt ended, or is about to be warned
+        unprotected), none started yet (``first``), or a refresh is due. Raises MissingSecret
+        only when ``first``: a running attempt keeps the credentials it started with and is
+        supervised to its end, which may be a success; the next attempt's start fails the run
+        on it."""
         refresh = self._monotonic() - mem.checkpoint_read_at
         if not (due or first) and refresh < self.settings.checkpoint_refresh_seconds:
             return Checkpoints()

@@ -118,9 +118,10 @@ class RunStores:
         if entry is None:
             return Checkpoints(True, manifest, None)
         uri = f"{run_prefix(ref)}/{entry.prefix}"
-        return Checkpoints(
-            True, manifest, CheckpointRef(step=entry.step, uri=uri, time=entry.committed)
-        )
+        # No layout recorded: the HF Trainer's checkpoint-<step>/ (all that version 1 wrote).
+        fmt = entry.layout.format if entry.layout else "hf"
+        latest = CheckpointRef(step=entry.step, uri=uri, time=entry.committed, format=fmt)
+        return Checkpoints(True, manifest, latest)
 
     def take_fence(self, ref: RunRef, attempt: int) -> tuple[RunManifest, int]:
         """Takes the run's fence for ``attempt``: (the manifest as written, the attempt's

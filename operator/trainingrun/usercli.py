@@ -113,6 +113,7 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
     run = get_run(kube, args.namespace, args.run)
     status = run.get("status") or {}
     latest = status.get("latestCheckpoint") or {}
+    fmt = f", format {latest['format']}" if latest.get("format") else ""
     lines = [
         ("Name", f"{args.namespace}/{args.run}"),
         ("Phase", status.get("phase") or "Pending"),
@@ -125,7 +126,7 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
         ("Resumed from", str(status["resumeStep"]) if status.get("resumeStep") is not None else ""),
         (
             "Latest checkpoint",
-            f"step {latest['step']} ({latest.get('uri', '')}, {latest.get('time', '')})"
+            f"step {latest['step']}{fmt} ({latest.get('uri', '')}, {latest.get('time', '')})"
             if latest
             else "none",
         ),

@@ -128,11 +128,17 @@ def test_node_deletion_is_a_preemption(
     node = kwok_node()
     spare = kwok_node()
     start(runs, localenv, prefix, "gone", node)
-    # Let the replacement schedule on the spare node.
-    body = runs.get("gone")
-    body["spec"]["template"]["spec"]["nodeSelector"] = {"type": "kwok"}
-    runs.custom.replace_namespaced_custom_object(
-        "trainingrun.dev", "v1alpha1", runs.namespace, "trainingruns", "gone", body
+    # Let the replacement schedule on the spare node. A merge patch, not a read and a replace:
+    # the operator may write the status in between (the Protected condition once the trainer
+    # runs), and a replace of the read version would then be refused with 409.
+    selector = {"kubernetes.io/hostname": None, "type": "kwok"}
+    runs.custom.patch_namespaced_custom_object(
+        "trainingrun.dev",
+        "v1alpha1",
+        runs.namespace,
+        "trainingruns",
+        "gone",
+        {"spec": {"template": {"spec": {"nodeSelector": selector}}}},
     )
     core_v1.delete_node(node)
     status = runs.wait_status(

@@ -67,7 +67,7 @@ def test_checkpoints_list_and_status_of_a_live_run(
     assert fields["Phase"] == "Running"
     assert fields["Attempt"] == "1"
     assert fields["Active pod"] == "cli-1"
-    assert fields["Latest checkpoint"].startswith("step 20")
+    assert fields["Latest checkpoint"].startswith("step 20, format hf (")
     assert "Conditions" in fields
 
     # Piped into a reader that already went away (`| head -1` after its line): no traceback.

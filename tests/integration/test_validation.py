@@ -65,6 +65,11 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "spec.template.spec.restartPolicy",
     ),
     ("keep-zero", _set("spec.checkpoint.keep", 0), "spec.checkpoint.keep"),
+    (
+        "negative-unprotected-after",
+        _set("spec.checkpoint.unprotectedAfterSeconds", -1),
+        "spec.checkpoint.unprotectedAfterSeconds",
+    ),
     ("relative-local-path", _set("spec.checkpoint.localPath", "ckpt"), "spec.checkpoint.localPath"),
     ("root-local-path", _set("spec.checkpoint.localPath", "/"), "spec.checkpoint.localPath"),
     (
@@ -137,6 +142,7 @@ def test_valid_trainingrun_is_accepted_with_defaults(
     )
     assert got["spec"]["checkpoint"]["localPath"] == "/checkpoints"
     assert got["spec"]["checkpoint"]["keep"] == 3
+    assert got["spec"]["checkpoint"]["unprotectedAfterSeconds"] == 1800
     assert got["spec"]["restartPolicy"]["maxRestarts"] == 3
     assert got["spec"]["restartPolicy"]["backoff"]["maxSeconds"] == 300
     assert "karpenter.sh/disrupted" in got["spec"]["preemption"]["noticeTaints"]

@@ -212,6 +212,7 @@ class RunBuilder:
             step=step,
             uri=f"{run_prefix(self.ref())}/{checkpoint_prefix(step)}",
             time="2025-01-01T11:00:00Z",
+            format="hf",
         )
 
     def latest(self) -> CheckpointRef | None:
@@ -309,10 +310,11 @@ class PodBuilder:
     def with_notice_annotation(self, value: str = "rebalance recommendation") -> Self:
         return self.annotated(ANNOTATION_NOTICE, value)
 
-    def running(self) -> Self:
-        """Scheduled on ``n1`` (unless placed already), sync sidecar and trainer running."""
+    def running(self, since: str = "2025-01-01T12:00:00Z") -> Self:
+        """Scheduled on ``n1`` (unless placed already), sync sidecar and trainer running, both
+        started at ``since`` (default T0: the pass sees a trainer that just started)."""
         self._pod["spec"].setdefault("nodeName", "n1")
-        started = {"running": {"startedAt": "2025-01-01T11:00:00Z"}}
+        started = {"running": {"startedAt": since}}
         self._set_container("initContainerStatuses", SYNC_CONTAINER, started, ready=True)
         self._set_container("containerStatuses", TRAINER_CONTAINER, started, ready=True)
         return self.phase("Running")

@@ -25,6 +25,7 @@ from trainingrun.kube import ApiError
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
+    Layout,
     ManifestEntry,
     RunManifest,
     checkpoint_prefix,
@@ -287,9 +288,17 @@ class FakeBucket(DictStore):
         self.opened.append((storage.endpoint, credentials))
         return cast(Store, self)
 
-    def commit(self, run: Location, *steps: int, files: dict[str, bytes] | None = None) -> None:
+    def commit(
+        self,
+        run: Location,
+        *steps: int,
+        files: dict[str, bytes] | None = None,
+        at: str = "t",
+        layout: Layout | None = None,
+    ) -> None:
         """Checkpoints ``steps`` of the run at ``run`` (each holding ``files``), committed as
-        the sync sidecar does; manifest entries keep the order the steps came in."""
+        the sync sidecar does, at time ``at`` in ``layout`` (None: HF's checkpoint-<step>/);
+        manifest entries keep the order the steps came in."""
         files = FILES if files is None else files
         for step in steps:
             entries = [
@@ -309,20 +318,19 @@ class FakeBucket(DictStore):
         raw = self.objects.get(run.key(RUN_MANIFEST))
         before = parse_run_manifest(raw) if raw else RunManifest()
         old = [e.step for e in before.entries]
-        manifest = before.model_copy(
-            update={
-                "entries": [
-                    ManifestEntry(
-                        step=s,
-                        prefix=checkpoint_prefix(s),
-                        committed="t",
-                        files=len(files),
-                        bytes=1,
-                    )
-                    for s in [*old, *(s for s in steps if s not in old)]
-                ]
-            }
-        )
+        added = [
+            ManifestEntry(
+                step=s,
+                prefix=checkpoint_prefix(s),
+                committed=at,
+                files=len(files),
+                bytes=1,
+                layout=layout,
+            )
+            for s in steps
+            if s not in old
+        ]
+        manifest = before.model_copy(update={"entries": [*before.entries, *added]})
         self.put(run.key(RUN_MANIFEST), manifest.to_json())
 
 

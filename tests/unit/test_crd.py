@@ -11,8 +11,9 @@ Covers:
   the API server accepts nothing but ``type: object`` there;
 - ``status.conditions`` is a list-map keyed by ``type`` (a required field of its items);
 - the CEL rules sit where the API expects them;
-- printer columns: Phase, Attempt, Restarts, Preemptions, Checkpoint, Age, Reason, Message in
-  that order, with Reason and Message at priority 1 and the others in the default view;
+- printer columns: Phase, Attempt, Restarts, Preemptions, Checkpoint, Age, Replicas, Format,
+  Reason, Message in that order, with Replicas, Format, Reason and Message at priority 1 and the
+  others in the default view;
 - ``docs/api-reference.md`` equals ``apidoc.render()``, and the rendered reference has a section
   per object and a row per field of spec and status, with its default and enum values, and no row
   with an empty description (checked on ``python -m trainingrun.apidoc``'s output).
@@ -184,11 +185,17 @@ def test_printer_columns() -> None:
         "Checkpoint",
         "Age",
         "Replicas",
+        "Format",
         "Reason",
         "Message",
     ]
     priorities = {c["name"]: c.get("priority", 0) for c in columns}
-    assert {name for name, p in priorities.items() if p == 1} == {"Replicas", "Reason", "Message"}
+    assert {name for name, p in priorities.items() if p == 1} == {
+        "Replicas",
+        "Format",
+        "Reason",
+        "Message",
+    }
     assert {p for p in priorities.values()} == {0, 1}
     status_fields = set(_schema()["properties"]["status"]["properties"])
     for c in columns:

@@ -307,13 +307,14 @@ def test_image_pull_that_goes_through_gives_the_start_back_its_reason() -> None:
     failing = pod_from(pod).scheduled(rfc3339(d.now)).waiting("ErrImagePull")
     assert d.pass_(failing.build(), node=make_node().build()).status.reason == "ImagePullRetrying"
 
-    p = d.pass_(pod_from(pod).running().build(), node=make_node().build())
+    p = d.pass_(pod_from(pod).running(since=rfc3339(d.now)).build(), node=make_node().build())
 
     assert (p.status.reason, p.status.message) == (
         "Started",
         "attempt 1 (r1-1) starts from scratch",
     )
-    assert p.requeue_after is None
+    # No wait for the pull any more; only the Protected deadline, 1800 s after the trainer's start.
+    assert p.requeue_after == 1800.0
 
 
 # -- preemption ---------------------------------------------------------------------------

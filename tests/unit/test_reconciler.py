@@ -20,12 +20,16 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
   pod outlived its grace period; a pod with the run's labels that is another owner's is never
   deleted; a run that failed keeps deleting its last pod after a refused DELETE;
 - the next attempt (and its fence) waits while the old pod's sidecar uploads the trainer's last
-  save, up to the pod's grace period.
+  save, up to the pod's grace period;
+- the unprotected-run warning: the pass comes back at the deadline, reads the bucket manifest
+  then even when the last refresh is recent (a commit since it protects, no warning), and warns
+  once; ``status.latestCheckpoint.format`` is the format of the manifest entry (hf without one).
 """
 
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 from typing import Any, cast
 
 import pytest
@@ -40,11 +44,13 @@ from trainingrun.contract import (
     LABEL_ATTEMPT,
     LABEL_RUN,
     RESTORE_CONTAINER,
+    TIME_FORMAT_MICRO,
     rfc3339,
 )
 from trainingrun.decide import reasons as R
 from trainingrun.decide.oldpods import Timing
 from trainingrun.decide.pod import run_prefix
+from trainingrun.manifest import Layout
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.reconciler import Reconciler
 from trainingrun.settings import OperatorSettings
@@ -493,3 +499,53 @@ def test_a_sidecar_that_never_stops_holds_the_next_attempt_for_its_grace_period_
     w.clock.advance(2)
     w.reconcile()
     assert w.kube.creates == ["r1-1", "r1-2"]
+
+
+# -- the unprotected-run warning ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["nothing-committed", "just-committed"])
+def test_the_bucket_is_read_again_before_warning_unprotected(committed: bool) -> None:
+    """At the deadline the manifest is read even though the last refresh is recent, so a
+    checkpoint committed since that refresh is not taken for none; the warning comes once."""
+    w = World()
+    limit = w.builder.spec().checkpoint.unprotected_after_seconds
+    refresh = OperatorSettings().checkpoint_refresh_seconds
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    assert w.reconcile() == pytest.approx(limit)  # comes back at the deadline
+    assert condition(w.status(), R.PROTECTED)["status"] == "Unknown"
+    w.clock.advance(limit - refresh / 2)
+    w.reconcile()  # the refresh reads the manifest: nothing yet
+    if committed:
+        at = w.clock.now() + timedelta(seconds=1)
+        w.bucket.commit(w.location, 40, at=at.strftime(TIME_FORMAT_MICRO))
+
+    w.clock.advance(refresh / 2)  # the deadline; the last read was refresh / 2 ago
+    w.reconcile()
+    w.clock.advance(60)
+    w.reconcile()
+
+    protected = condition(w.status(), R.PROTECTED)
+    if committed:
+        assert (protected["status"], protected["reason"]) == ("True", R.CHECKPOINT_COMMITTED)
+        assert R.UNPROTECTED not in w.events.reasons()
+    else:
+        assert (protected["status"], protected["reason"]) == ("False", R.UNPROTECTED)
+        assert w.events.reasons() == [R.STARTED, R.UNPROTECTED]
+        assert w.events.posted[-1][0] == "Warning"
+
+
+@pytest.mark.parametrize(
+    ("layout", "expected"),
+    [(None, "hf"), (Layout(format="lightning", resume="epoch=0-step=40.ckpt"), "lightning")],
+    ids=["no-layout", "lightning"],
+)
+def test_the_recognised_format_is_in_the_status(layout: Layout | None, expected: str) -> None:
+    w = World()
+    w.bucket.commit(w.location, 40, layout=layout)
+
+    w.reconcile()
+
+    assert w.status()["latestCheckpoint"]["format"] == expected

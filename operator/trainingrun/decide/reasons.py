@@ -12,6 +12,7 @@ from __future__ import annotations
 RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
+PROTECTED = "Protected"  # the running attempt has committed a checkpoint since its trainer started
 
 # -- how an attempt starts --------------------------------------------------------------------
 
@@ -26,6 +27,12 @@ CHECKPOINT_BAD = "CheckpointBad"
 RESTARTS_EXHAUSTED = "RestartBudgetExhausted"
 PREEMPTIONS_EXHAUSTED = "PreemptionBudgetExhausted"
 CRASH_LOOP = "CrashLoop"
+
+# -- whether the running attempt is protected (the Protected condition) -----------------------
+
+CHECKPOINT_COMMITTED = "CheckpointCommitted"  # True: committed one since its trainer started
+AWAITING_CHECKPOINT = "AwaitingCheckpoint"  # Unknown: none yet, the deadline has not come
+UNPROTECTED = "Unprotected"  # False: none within spec.checkpoint.unprotectedAfterSeconds
 
 # -- a run that cannot go on ------------------------------------------------------------------
 
@@ -58,7 +65,7 @@ IMAGE_PULL_RETRYING = "ImagePullRetrying"
 GANG_SCHEDULING = "GangScheduling"  # some pods of a gang wait to be scheduled
 GANG_NOT_SCHEDULED = "GangNotScheduled"  # ... longer than spec.gang.startTimeoutSeconds
 
-NORMAL = frozenset({STARTED, RESUMED, SUCCEEDED, PREEMPTED})
+NORMAL = frozenset({STARTED, RESUMED, SUCCEEDED, PREEMPTED, CHECKPOINT_COMMITTED})
 
 
 def event_type(reason: str) -> str:

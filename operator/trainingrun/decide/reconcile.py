@@ -15,12 +15,15 @@ When attempt N+1 is due at once (a preemption, a bad checkpoint, a failure witho
 the plan of step 1 also asks for its pod: the controller creates it in the same pass once the
 status write of step 1 landed, so a resubmission costs one pass and one read of the bucket
 manifest. An operator killed between the two finds attempt N+1 recorded with no pod: step 2.
+
+While an attempt runs, its ``Protected`` condition says whether it committed a checkpoint since
+its trainer started (``decide.protection``; ``_protect`` below).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -31,6 +34,7 @@ from trainingrun.decide.classify import Outcome, classify, stops_by_itself
 from trainingrun.decide.gang import Member, gang_outcome
 from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
+from trainingrun.decide.protection import judge, parse_instant
 
 # The display phases, derived from the conditions (R.RUNNING, R.SUCCEEDED, R.FAILED).
 PHASE_PENDING = "Pending"
@@ -81,14 +85,15 @@ class Plan:
 def set_condition(
     conditions: list[Condition],
     ctype: str,
-    status: bool,
+    status: bool | None,
     reason: str,
     message: str,
     generation: int,
     now: datetime,
 ) -> list[Condition]:
-    """Sets one condition; ``lastTransitionTime`` changes only when the status flips."""
-    value = "True" if status else "False"
+    """Sets one condition (``status`` None: Unknown); ``lastTransitionTime`` changes only when
+    the status flips."""
+    value = "Unknown" if status is None else "True" if status else "False"
     old = next((c for c in conditions if c.type == ctype), None)
     since = old.last_transition_time if old and old.status == value else rfc3339(now)
     new = Condition(
@@ -167,30 +172,77 @@ def plan(obs: Observed) -> Plan:
         return _due(status, obs)  # attempt recorded, pods not all created yet
 
     outcome = attempt_outcome(obs)
-    if not outcome.ended:
-        if obs.pod is not None and not _is_true(status, R.RUNNING):
-            # The pod exists but its start was not recorded (the write after its creation
-            # failed, or the operator stopped between the two): record it as started() would.
-            adopted, event = started(status, obs, obs.pod)
-            return Plan(adopted, events=[event])
-        resume = _resume_step(obs.pod)
-        new = _with(
-            status,
-            obs,
-            active_pod=current,
-            resume_step=resume if resume is not None else status.resume_step,
-            next_attempt_time=None,
-        )
-        if outcome.decide_at is not None:  # an image pull retried, a gang member unscheduled
-            new = new.model_copy(update={"reason": outcome.reason, "message": outcome.message})
-            wait = max((outcome.decide_at - obs.now).total_seconds(), 0.0) + 1.0
-            return Plan(new, requeue_after=wait)
-        if status.reason in WAITING:  # the wait is over: back to the start's
-            running = next((c for c in status.conditions if c.type == R.RUNNING), None)
-            if running is not None:
-                new = new.model_copy(update={"reason": running.reason, "message": running.message})
-        return Plan(new)
-    return _ended(status, obs, outcome, current)
+    if outcome.ended:
+        return _ended(status, obs, outcome, current)
+    return _protect(_running(status, obs, outcome, current), obs, current)
+
+
+def _running(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
+    """The attempt goes on: its pod is recorded as active, and a wait is reported."""
+    if obs.pod is not None and not _is_true(status, R.RUNNING):
+        # The pod exists but its start was not recorded (the write after its creation
+        # failed, or the operator stopped between the two): record it as started() would.
+        adopted, event = started(status, obs, obs.pod)
+        return Plan(adopted, events=[event])
+    resume = _resume_step(obs.pod)
+    new = _with(
+        status,
+        obs,
+        active_pod=current,
+        resume_step=resume if resume is not None else status.resume_step,
+        next_attempt_time=None,
+    )
+    if outcome.decide_at is not None:  # an image pull retried, a gang member unscheduled
+        new = new.model_copy(update={"reason": outcome.reason, "message": outcome.message})
+        wait = max((outcome.decide_at - obs.now).total_seconds(), 0.0) + 1.0
+        return Plan(new, requeue_after=wait)
+    if status.reason in WAITING:  # the wait is over: back to the start's
+        running = next((c for c in status.conditions if c.type == R.RUNNING), None)
+        if running is not None:
+            new = new.model_copy(update={"reason": running.reason, "message": running.message})
+    return Plan(new)
+
+
+def _protect(p: Plan, obs: Observed, current: str) -> Plan:
+    """The ``Protected`` condition of the running attempt (``decide.protection``). Its flip to
+    False is the Warning ``Unprotected``, once per attempt: a condition set before this
+    attempt's trainer started speaks of an earlier attempt and is replaced, not continued, so
+    its time moves and the next attempt warns again. A flip back to True is a Normal
+    ``CheckpointCommitted``. The pass comes back at the deadline, which a quiet run would
+    otherwise pass without a look."""
+    conds = p.status.conditions
+    if not obs.spec.checkpoint.unprotected_after_seconds:
+        if any(c.type == R.PROTECTED for c in conds):  # the warning was turned off
+            kept = [c for c in conds if c.type != R.PROTECTED]
+            return replace(p, status=p.status.model_copy(update={"conditions": kept}))
+        return p
+    label = _attempt_label(obs, p.status.attempt, current)
+    v = judge(obs.pod, p.status.latest_checkpoint, obs.spec.checkpoint, label, obs.now)
+    if v is None:
+        return p
+    old = next((c for c in conds if c.type == R.PROTECTED), None)
+    old_time = parse_instant(old.last_transition_time) if old else None
+    if old is not None and (old_time is None or old_time < v.since):
+        conds, old = [c for c in conds if c.type != R.PROTECTED], None
+    # Never before the trainer's start (the operator's clock may lag the node's): else the
+    # condition would look older than the attempt on the next pass.
+    at = max(obs.now, v.since)
+    conds = set_condition(conds, R.PROTECTED, v.protected, v.reason, v.message, obs.generation, at)
+    was = old.status if old else None
+    events = list(p.events)
+    if (v.protected is False and was != "False") or (v.protected is True and was == "False"):
+        events.append(Event(R.event_type(v.reason), v.reason, v.message))
+    requeue = p.requeue_after
+    if v.recheck_after is not None:
+        requeue = v.recheck_after if requeue is None else min(requeue, v.recheck_after)
+    status = p.status.model_copy(update={"conditions": conds})
+    return replace(p, status=status, events=events, requeue_after=requeue)
+
+
+def warns_unprotected(obs: Observed) -> bool:
+    """Whether this pass would warn that the attempt is unprotected: the reconciler then reads
+    the bucket manifest first, so a checkpoint committed since its last read is not missed."""
+    return any(e.reason == R.UNPROTECTED for e in plan(obs).events)
 
 
 # Reasons of a running attempt that waits for something (a pass looks again at ``decide_at``).
