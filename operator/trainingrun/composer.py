@@ -83,7 +83,7 @@ def _max_batches(state: State) -> int | None:
     return None
 
 
-class TrainingRunCallback(Callback):  # type: ignore[misc]
+class TrainingRunCallback(Callback, neutral.StopOutcome):  # type: ignore[misc]
     """Save-and-stop on SIGTERM or save-now, progress. See the module doc.
 
     ``checkpoint_dir`` (default ``TRAININGRUN_CHECKPOINT_DIR``, else ./checkpoints) is where the
@@ -96,15 +96,6 @@ class TrainingRunCallback(Callback):  # type: ignore[misc]
         self.stop_reason: str | None = None  # why training was asked to stop early, if it was
         self.finished = False  # the stop came at the last batch: nothing was cut short
         self._total: int | None = None  # max batches as the fit began (the stop shortens it)
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.stop_reason is not None and not self.finished
-
-    @property
-    def exit_code(self) -> int:
-        """The exit code the training process should end with: 0, or ``EXIT_STOPPED``."""
-        return EXIT_STOPPED if self.stopped_early else 0
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._total = _max_batches(state)

@@ -66,7 +66,7 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 from trainingrun import local
 from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
 from trainingrun.manifest import checkpoint_dirname
-from trainingrun.trainer import StopRequest
+from trainingrun.trainer import StopOutcome, StopRequest
 
 log = logging.getLogger("trainingrun.hf")
 
@@ -111,7 +111,7 @@ def resume_checkpoint() -> str | None:
     return path
 
 
-class TrainingRunCallback(TrainerCallback):
+class TrainingRunCallback(TrainerCallback, StopOutcome):
     """Completion markers, save-and-stop on SIGTERM or save-now, progress. See the module doc.
 
     ``checkpoint_dir`` (default ``TRAININGRUN_CHECKPOINT_DIR``, else the Trainer's
@@ -125,15 +125,6 @@ class TrainingRunCallback(TrainerCallback):
         self.finished = False  # reached max_steps
         # Its folder is only the default: the save-now request is read from _folder(args).
         self._stop = StopRequest(self.checkpoint_dir, install=False)
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.stop_reason is not None and not self.finished
-
-    @property
-    def exit_code(self) -> int:
-        """The exit code the training process should end with: 0, or ``EXIT_STOPPED``."""
-        return EXIT_STOPPED if self.stopped_early else 0
 
     def _folder(self, args: TrainingArguments) -> Path:
         return self.checkpoint_dir or Path(str(args.output_dir))

@@ -59,7 +59,7 @@ log = logging.getLogger("trainingrun.lightning")
 STOP_FILENAME = "epoch={epoch}-step={step}.ckpt"
 
 
-class TrainingRunCallback(Checkpoint):  # type: ignore[misc]
+class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc]
     """Completion markers, save-and-stop on SIGTERM or save-now, progress. See the module doc.
 
     ``checkpoint_dir`` (default ``TRAININGRUN_CHECKPOINT_DIR``, else ./checkpoints) is the
@@ -72,15 +72,6 @@ class TrainingRunCallback(Checkpoint):  # type: ignore[misc]
         self.stop_reason: str | None = None  # why training was asked to stop early, if it was
         self.finished = False  # reached max_steps
         self._marked: set[Path] = set()
-
-    @property
-    def stopped_early(self) -> bool:
-        return self.stop_reason is not None and not self.finished
-
-    @property
-    def exit_code(self) -> int:
-        """The exit code the training process should end with: 0, or ``EXIT_STOPPED``."""
-        return EXIT_STOPPED if self.stopped_early else 0
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         order = trainer.callbacks

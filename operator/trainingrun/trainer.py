@@ -45,6 +45,7 @@ from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPP
 
 __all__ = [
     "EXIT_STOPPED",
+    "StopOutcome",
     "StopRequest",
     "checkpoint_dir",
     "mark_complete",
@@ -139,3 +140,21 @@ class StopRequest:
         tb: TracebackType | None,
     ) -> None:
         self.restore()
+
+
+class StopOutcome:
+    """Why training stopped early, if it did, and the exit code that follows: the framework
+    callbacks set ``stop_reason`` when asked to stop and ``finished`` when the stop came at the
+    last step anyway (nothing was cut short)."""
+
+    stop_reason: str | None = None
+    finished: bool = False
+
+    @property
+    def stopped_early(self) -> bool:
+        return self.stop_reason is not None and not self.finished
+
+    @property
+    def exit_code(self) -> int:
+        """The exit code the training process should end with: 0, or ``EXIT_STOPPED``."""
+        return EXIT_STOPPED if self.stopped_early else 0
