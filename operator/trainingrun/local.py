@@ -148,13 +148,22 @@ class LocalCheckpoint:
         return self.found.complete(now, quiet_seconds, trainer_gone)
 
 
-def snapshot(checkpoint_dir: Path) -> tuple[list[layouts.FileInfo], dict[str, str]]:
+def snapshot(
+    checkpoint_dir: Path, unreadable: list[str] | None = None
+) -> tuple[list[layouts.FileInfo], dict[str, str]]:
     """Every file and symlink under the folder (relative paths, sizes, times, link targets), and
     the text of the small pointer files the layout rules read. Files vanishing mid-walk (the
-    trainer rotating its own checkpoints) just drop out."""
+    trainer rotating its own checkpoints) just drop out; folders that cannot be listed
+    (permissions: a trainer running as another user that makes its folders private) are added
+    to ``unreadable``, relative to the folder."""
     infos: list[layouts.FileInfo] = []
     contents: dict[str, str] = {}
-    for dirpath, dirs, names in os.walk(checkpoint_dir):
+
+    def refused(error: OSError) -> None:
+        if isinstance(error, PermissionError) and unreadable is not None and error.filename:
+            unreadable.append(Path(error.filename).relative_to(checkpoint_dir).as_posix())
+
+    for dirpath, dirs, names in os.walk(checkpoint_dir, onerror=refused):
         root = Path(dirpath)
         rel_root = root.relative_to(checkpoint_dir).as_posix()
         if rel_root == CONTROL_DIR:
@@ -186,6 +195,7 @@ class Survey:
     checkpoints: list[LocalCheckpoint]  # oldest step first
     formats: tuple[str, ...]
     unrecognised: tuple[str, ...]
+    unreadable: tuple[str, ...] = ()  # folders the sidecar may not list
 
 
 def survey(
@@ -195,7 +205,8 @@ def survey(
     formats were recognised, and the files no layout claims."""
     if not checkpoint_dir.is_dir():
         return Survey([], (), ())
-    infos, contents = snapshot(checkpoint_dir)
+    unreadable: list[str] = []
+    infos, contents = snapshot(checkpoint_dir, unreadable)
     sizes = {i.path: i.size for i in infos}
     result = layouts.find(infos, contents, fmt, pattern)
     found = []
@@ -203,7 +214,7 @@ def survey(
         prefix = f"{c.base}/" if c.base else ""
         files = tuple((rel, sizes[prefix + rel]) for rel in c.files)
         found.append(LocalCheckpoint(c, checkpoint_dir / c.base, files))
-    return Survey(found, result.formats, result.unrecognised)
+    return Survey(found, result.formats, result.unrecognised, tuple(sorted(unreadable)))
 
 
 def scan(

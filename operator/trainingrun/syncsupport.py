@@ -158,6 +158,7 @@ class LayoutReport:
         self.metrics = metrics
         self.recognised: tuple[str, ...] = ()
         self.unrecognised: tuple[str, ...] = ()
+        self.unreadable: tuple[str, ...] = ()
 
     def report(self, found: Survey) -> None:
         """Says which formats the folder's checkpoints are in, and which files match none, each
@@ -180,6 +181,18 @@ class LayoutReport:
                     self.checkpoint_dir,
                     shown,
                     f", and {more} more" if more > 0 else "",
+                )
+        if found.unreadable != self.unreadable:
+            self.unreadable = found.unreadable
+            if found.unreadable:
+                log.warning(
+                    "cannot list %s in %s (permission denied for uid %d): its checkpoints are "
+                    "not seen nor uploaded; run the trainer container as the same user as the "
+                    "sync sidecar (securityContext.runAsUser), or have the trainer leave its "
+                    "folders readable to others",
+                    ", ".join(found.unreadable[:5]),
+                    self.checkpoint_dir,
+                    os.getuid(),
                 )
 
 

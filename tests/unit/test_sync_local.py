@@ -32,6 +32,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -40,6 +44,7 @@ from typing import Any, cast
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry
 
 from trainingrun import local, transfer
 from trainingrun.contract import ANNOTATION_NOTICE
@@ -47,7 +52,7 @@ from trainingrun.layouts import Found, Proof
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
 from trainingrun.storage import Location, Store
 from trainingrun.sync import Sync, SyncSettings
-from trainingrun.syncsupport import read_annotation
+from trainingrun.syncsupport import LayoutReport, Metrics, read_annotation
 from trainingrun.syncsupport import watch as sync_watch
 from trainingrun.transfer import MiB, Progress, Throttle, format_bytes
 
@@ -535,3 +540,54 @@ def test_progress_file_written_as_json(tmp_path: Path) -> None:
     raw = json.loads(local.control_path(tmp_path, local.PROGRESS).read_text())
 
     assert raw == {"step": 7, "max_steps": 70}
+
+
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
+SURVEY_AS_NOBODY = """
+import json, sys
+from pathlib import Path
+from trainingrun import local
+print(json.dumps(list(local.survey(Path(sys.argv[1])).unreadable)))
+"""
+
+
+def test_a_folder_the_sidecar_may_not_list_is_reported() -> None:
+    """A trainer running as another user that makes its folders private (MindFormers' rank
+    folders are 0750): the survey, run as another user than the folder's owner, names it."""
+    root = Path(tempfile.mkdtemp(prefix="trainingrun-perm-", dir="/tmp"))
+    try:
+        root.chmod(0o755)
+        ckdir = root / "ck"
+        private = ckdir / "checkpoint" / "rank_0"
+        private.mkdir(parents=True)
+        (private / "llama_rank_0-1_2.ckpt").write_bytes(b"w")
+        private.chmod(0o750)
+        (ckdir / "checkpoint").chmod(0o755)
+        ckdir.chmod(0o755)
+        proc = subprocess.run(
+            [*AS_NOBODY, sys.executable, "-c", SURVEY_AS_NOBODY, str(ckdir)],
+            env={**os.environ, "PYTHONPATH": str(Path(local.__file__).parents[1])},
+            cwd="/",
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert json.loads(proc.stdout) == ["checkpoint/rank_0"]
+        assert local.survey(ckdir).unreadable == ()  # its owner lists it
+    finally:
+        shutil.rmtree(root)
+
+
+def test_the_sidecar_warns_once_about_folders_it_may_not_list(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    report = LayoutReport(tmp_path, Metrics(CollectorRegistry()))
+    unreadable = local.Survey([], (), (), ("checkpoint/rank_0",))
+    with caplog.at_level(logging.WARNING, logger="trainingrun.sync"):
+        report.report(unreadable)
+        report.report(unreadable)
+    warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]
+    assert len(warned) == 1
+    assert "checkpoint/rank_0" in warned[0] and "runAsUser" in warned[0]
