@@ -97,7 +97,7 @@ class PatternSpec(_Model):
         max_length=1024,
     )
     step: str = Field(
-        default=r"(\d+)(?!.*\d)",
+        default=Pattern.step,
         description=(
             "Regular expression whose first group, searched in the checkpoint's path, is its "
             "step. Default: the last number in the path."

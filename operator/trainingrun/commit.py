@@ -326,11 +326,9 @@ class Committer:
         if missing:
             return Outcome(missing=tuple(missing), manifest=manifest)
         # A checkpoint a restore could not put together in one folder is never committed.
-        protocol.merged_files(
-            [(part_prefix(step, self.epoch, r), p) for r, p in sorted(parts.items())]
-        )
+        ranked = sorted(parts.items())
+        protocol.merged_files([(part_prefix(step, self.epoch, r), p) for r, p in ranked])
         files = [f for p in parts.values() for f in p.files]
-        ranked = [p for _, p in sorted(parts.items())]
         entry = ManifestEntry(
             step=step,
             prefix=epoch_prefix(step, self.epoch),
@@ -340,7 +338,7 @@ class Committer:
             epoch=self.epoch,
             attempt=attempt,
             ranks=self.ranks,
-            layout=merged_layout([p.layout for p in ranked]),
+            layout=merged_layout([p.layout for _, p in ranked]),
         )
         key = self.run.key(RUN_MANIFEST)
         for i in range(CAS_ATTEMPTS):

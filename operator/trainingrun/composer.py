@@ -105,7 +105,7 @@ class TrainingRunCallback(Callback, neutral.StopOutcome):  # type: ignore[misc]
         done, total = int(state.timestamp.batch), self._total
         reason = self._stop.reason()
         if dist.get_world_size() > 1 and _any_rank(reason is not None, state) and reason is None:
-            reason = "stop requested on another rank"
+            reason = neutral.PEER_STOP
         if reason is not None and self.stop_reason is None:
             self.stop_reason = reason
             self.finished = total is not None and done >= total
@@ -116,13 +116,7 @@ class TrainingRunCallback(Callback, neutral.StopOutcome):  # type: ignore[misc]
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._stop.restore()
-        if self.stopped_early:
-            log.warning(
-                "stopped early (%s) at batch %d after saving; exit %d",
-                self.stop_reason,
-                int(state.timestamp.batch),
-                EXIT_STOPPED,
-            )
+        self.log_stopped(log, f"batch {int(state.timestamp.batch)}")
 
     def close(self, state: State, logger: Logger) -> None:
         self._stop.restore()  # also when fit raised

@@ -64,14 +64,23 @@ import torch.distributed as dist
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
 from trainingrun import local
-from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+from trainingrun.contract import ENV_CHECKPOINT_DIR, EXIT_STOPPED
 from trainingrun.manifest import checkpoint_dirname
-from trainingrun.trainer import StopOutcome, StopRequest
+from trainingrun.trainer import PEER_STOP, StopOutcome, StopRequest, resume_from
+
+__all__ = [
+    "EXIT_STOPPED",
+    "PEER_STOP",
+    "TrainingRunCallback",
+    "attach",
+    "checkpoint_step",
+    "resume_checkpoint",
+    "train",
+    "world_size",
+]
 
 log = logging.getLogger("trainingrun.hf")
 
-# The stop reason of a rank that was not asked to stop itself but stops with the others.
-PEER_STOP = "stop requested on another rank"
 # Backends that reduce CPU tensors; the others (NCCL and the like) only the rank's device's.
 _CPU_BACKENDS = ("gloo", "mpi")
 
@@ -99,16 +108,8 @@ def any_rank(flag: bool, device: torch.device) -> bool:
 
 def resume_checkpoint() -> str | None:
     """The restored checkpoint folder to resume from, or None on a fresh start."""
-    path = os.environ.get(ENV_RESUME_FROM, "")
-    if not path:
-        return None
-    if not Path(path).is_dir():
-        raise FileNotFoundError(
-            f"{ENV_RESUME_FROM}={path} is not a folder: the restore init container puts the "
-            "checkpoint there; check that the trainer container mounts the checkpoint volume at "
-            "spec.checkpoint.localPath"
-        )
-    return path
+    path = resume_from(folder=True)
+    return str(path) if path else None
 
 
 class TrainingRunCallback(TrainerCallback, StopOutcome):
@@ -129,10 +130,6 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
     def _folder(self, args: TrainingArguments) -> Path:
         return self.checkpoint_dir or Path(str(args.output_dir))
 
-    def install_signal_handler(self) -> None:
-        """Catches SIGTERM from now on; a no-op outside the main thread (Python's rule)."""
-        self._stop.install()
-
     def restore_signal_handler(self) -> None:
         """Puts back the SIGTERM handler found at train begin."""
         self._stop.restore()
@@ -140,7 +137,7 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
     ) -> None:
-        self.install_signal_handler()
+        self._stop.install()  # a no-op outside the main thread (Python's rule)
         if state.is_world_process_zero:
             local.write_progress(
                 self._folder(args), local.Progress(state.global_step, state.max_steps)
@@ -152,7 +149,7 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
         folder = self._folder(args)
         # Checked before progress is written: whoever reads step N and then asks for a save
         # gets checkpoint-(N+1), never N.
-        reason = self._stop.signalled or local.save_requested(folder)
+        reason = self._stop.reason(folder)
         asked = reason is not None or self.stop_reason is not None
         # Every rank reaches every step end, so the all_reduce lines up; only under
         # torch.distributed, where a rank must not stop (or save) alone.
@@ -190,13 +187,7 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
     ) -> None:
         self.finished = state.max_steps > 0 and state.global_step >= state.max_steps
         self.restore_signal_handler()
-        if self.stopped_early:
-            log.warning(
-                "stopped early (%s) at step %d after saving; exit %d",
-                self.stop_reason,
-                state.global_step,
-                EXIT_STOPPED,
-            )
+        self.log_stopped(log, f"step {state.global_step}")
 
 
 def attach(trainer: Any, checkpoint_dir: str | Path | None = None) -> TrainingRunCallback:

@@ -72,6 +72,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         self.stop_reason: str | None = None  # why training was asked to stop early, if it was
         self.finished = False  # reached max_steps
         self._marked: set[Path] = set()
+        self._dirs = {self.folder}  # where saves are looked for: the checkpoint callbacks' too
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         order = trainer.callbacks
@@ -82,6 +83,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
                 "ModelCheckpoint in Trainer(callbacks=[...]), so it sees their saves of a step "
                 "before it saves that step itself"
             )
+        self._dirs = self._folders(trainer)  # their dirpath is resolved by now (their setup)
 
     def _folders(self, trainer: pl.Trainer) -> set[Path]:
         """The sidecar's folder and the checkpoint callbacks' folders within it."""
@@ -93,10 +95,10 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
                 found.add(Path(dirpath))
         return found
 
-    def _saved_at(self, trainer: pl.Trainer, step: int) -> list[Path]:
+    def _saved_at(self, step: int) -> list[Path]:
         """The ``.ckpt`` files of ``step`` in those folders (top level only: a listing per step)."""
         out = []
-        for folder in self._folders(trainer):
+        for folder in self._dirs:
             try:
                 names = os.listdir(folder)
             except FileNotFoundError:
@@ -113,7 +115,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         and the file is written by global rank zero; a node's local rank zero marks it."""
         if trainer.local_rank != 0:
             return
-        for path in self._saved_at(trainer, trainer.global_step):
+        for path in self._saved_at(trainer.global_step):
             if path not in self._marked:
                 local.mark_complete(path)
                 self._marked.add(path)
@@ -125,7 +127,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
             # forever in the save's barrier.
             anyone = trainer.strategy.reduce_boolean_decision(reason is not None, all=False)
             if anyone and reason is None:
-                reason = "stop requested on another rank"
+                reason = neutral.PEER_STOP
         return reason
 
     def on_train_batch_end(
@@ -154,7 +156,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         """Saves this step unless a checkpoint callback did; every rank takes the same branch
         (global rank zero, which writes the files, decides)."""
         step = trainer.global_step
-        saved = bool(self._saved_at(trainer, step))
+        saved = bool(self._saved_at(step))
         if trainer.world_size > 1:
             saved = bool(trainer.strategy.broadcast(saved, src=0))
         if saved:
@@ -174,13 +176,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._mark_saved(trainer)
         self.finished = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
-        if self.stopped_early:
-            log.warning(
-                "stopped early (%s) at step %d after saving; exit %d",
-                self.stop_reason,
-                trainer.global_step,
-                EXIT_STOPPED,
-            )
+        self.log_stopped(log, f"step {trainer.global_step}")
 
 
 def fit(trainer: pl.Trainer, model: pl.LightningModule, *args: Any, **kwargs: Any) -> int:

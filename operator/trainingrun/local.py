@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,7 +33,7 @@ CONTROL_DIR = layouts.CONTROL_DIR
 SAVE_NOW = "save-now"
 PROGRESS = "progress.json"
 # Written last by the HuggingFace Trainer's save; its presence plus quiet means complete.
-TRAINER_STATE = "trainer_state.json"
+TRAINER_STATE = layouts.TRAINER_STATE
 
 
 def is_control(relative_path: str) -> bool:
@@ -169,17 +170,19 @@ def snapshot(
         if rel_root == CONTROL_DIR:
             dirs.clear()
             continue
-        links = [d for d in dirs if (root / d).is_symlink()]  # walked as files, not followed
-        for name in [*names, *links]:
+        # ``dirs`` also lists symlinks to folders: taken as files (never followed); the real
+        # folders among them are walked by os.walk itself.
+        for name in [*names, *dirs]:
             full = root / name
             rel = name if rel_root == "." else f"{rel_root}/{name}"
             try:
                 st = full.lstat()
-                link = os.readlink(full) if full.is_symlink() else None
+                is_link = stat.S_ISLNK(st.st_mode)
+                link = os.readlink(full) if is_link else None
             except (FileNotFoundError, NotADirectoryError):
                 continue
-            if link is None and not full.is_file():
-                continue  # sockets, fifos: never checkpoint data
+            if not is_link and not stat.S_ISREG(st.st_mode):
+                continue  # folders (walked), sockets, fifos: never checkpoint data
             infos.append(layouts.FileInfo(rel, st.st_size, st.st_mtime, link))
             small = st.st_size <= layouts.POINTER_MAX_BYTES
             if link is None and name in layouts.POINTER_FILES and small:

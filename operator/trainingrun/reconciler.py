@@ -39,12 +39,13 @@ from trainingrun.decide.pod import (
 )
 from trainingrun.decide.reconcile import (
     Observed,
+    Plan,
     attempt_outcome,
     fail,
     is_finished,
     plan,
+    sooner,
     started,
-    warns_unprotected,
 )
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
@@ -178,18 +179,25 @@ class Reconciler:
         begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
         # An attempt's end, and the warning that it committed nothing, are judged on the bucket
         # manifest itself rather than the last refresh (up to checkpoint_refresh_seconds old).
-        due = begun and (attempt_outcome(obs).ended or warns_unprotected(obs))
+        # The plan of a running attempt is made before the read, to see whether it warns; it
+        # is the pass's plan too when the read brings no checkpoint (the same observation).
+        ended = begun and attempt_outcome(obs).ended
+        running = plan(obs) if begun and not ended else None
+        due = ended or (running is not None and running.warns_unprotected)
         try:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except MissingSecret as e:
             self._fail(run, status, R.MISSING_SECRET, str(e), now)
             return None
-        return self._apply(run, ref, replace(obs, latest=seen.latest))
+        made = running if seen.latest is None else None
+        return self._apply(run, ref, replace(obs, latest=seen.latest), made)
 
-    def _apply(self, run: dict[str, Any], ref: RunRef, obs: Observed) -> float | None:
+    def _apply(
+        self, run: dict[str, Any], ref: RunRef, obs: Observed, made: Plan | None = None
+    ) -> float | None:
         """Status first, then Events, then the pods; the next attempt's pod only after the
-        status that records the attempt has landed."""
-        p = plan(obs)
+        status that records the attempt has landed. ``made``: the plan of ``obs``, if made."""
+        p = made if made is not None else plan(obs)
         self._write_status(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
@@ -308,11 +316,6 @@ class Reconciler:
         updated = self.api.patch_run_status(namespace, name, new)
         if updated is not None:
             self.view.runs.put((namespace, name), updated)
-
-
-def sooner(a: float | None, b: float | None) -> float | None:
-    """The earlier of two requeue delays (None: no requeue)."""
-    return b if a is None else a if b is None else min(a, b)
 
 
 def ended(

@@ -33,6 +33,7 @@ Standard library only: a hand-written loop needs nothing else, and the framework
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import threading
@@ -54,6 +55,8 @@ __all__ = [
 ]
 
 SIGTERM_REASON = "SIGTERM"
+# The stop reason of a rank that was not asked to stop itself but stops with the others.
+PEER_STOP = "stop requested on another rank"
 
 
 def checkpoint_dir(default: str | Path = "checkpoints") -> Path:
@@ -62,15 +65,17 @@ def checkpoint_dir(default: str | Path = "checkpoints") -> Path:
     return Path(os.environ.get(ENV_CHECKPOINT_DIR) or default)
 
 
-def resume_from() -> Path | None:
-    """The restored checkpoint to resume from, or None on a fresh start."""
+def resume_from(folder: bool = False) -> Path | None:
+    """The restored checkpoint to resume from, or None on a fresh start; ``folder``: it must be
+    a folder (the formats whose resume argument is one)."""
     value = os.environ.get(ENV_RESUME_FROM, "")
     if not value:
         return None
     path = Path(value)
-    if not path.exists():
+    if not (path.is_dir() if folder else path.exists()):
+        what = "is not a folder" if folder else "does not exist"
         raise FileNotFoundError(
-            f"{ENV_RESUME_FROM}={value} does not exist: the restore init container puts the "
+            f"{ENV_RESUME_FROM}={value} {what}: the restore init container puts the "
             "checkpoint there; check that the trainer container mounts the checkpoint volume at "
             "spec.checkpoint.localPath"
         )
@@ -125,9 +130,10 @@ class StopRequest:
             signal.signal(signal.SIGTERM, self._previous)
             self._installed = False
 
-    def reason(self) -> str | None:
-        """Why to stop (``"SIGTERM"``, or the save-now request's reason), or None."""
-        return self.signalled or local.save_requested(self.folder)
+    def reason(self, folder: Path | None = None) -> str | None:
+        """Why to stop (``"SIGTERM"``, or the save-now request's reason), or None; the request
+        is read in ``folder`` when given (a trainer whose folder is known only later)."""
+        return self.signalled or local.save_requested(folder or self.folder)
 
     def __enter__(self) -> StopRequest:
         self.install()
@@ -158,3 +164,13 @@ class StopOutcome:
     def exit_code(self) -> int:
         """The exit code the training process should end with: 0, or ``EXIT_STOPPED``."""
         return EXIT_STOPPED if self.stopped_early else 0
+
+    def log_stopped(self, log: logging.Logger, where: str) -> None:
+        """Says, when training stopped early, why and where (``step 12``), and the exit code."""
+        if self.stopped_early:
+            log.warning(
+                "stopped early (%s) at %s after saving; exit %d",
+                self.stop_reason,
+                where,
+                EXIT_STOPPED,
+            )

@@ -27,12 +27,12 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 import pytest
 import yaml
 
-from trainingrun import api, apidoc, crd
+from trainingrun import api, apidoc, crd, layouts
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "trainingrun.yaml"
@@ -269,3 +269,9 @@ def test_api_reference_has_no_empty_description() -> None:
     assert rows
     assert all(len(cells) == 5 for _, cells in rows), "a field row does not have 5 cells"
     assert empty == []
+
+
+def test_the_format_enum_is_the_layouts_formats() -> None:
+    """spec.checkpoint.format lists exactly auto, pattern and every layout rule."""
+    expected = {layouts.AUTO, layouts.PATTERN, *layouts.FORMATS}
+    assert set(get_args(api.CheckpointFormat)) == expected

@@ -77,7 +77,19 @@ def _statuses(pod: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
     return list((pod.get("status") or {}).get(key) or [])
 
 
-def _container_status(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+def parse_instant(value: object) -> datetime | None:
+    """An RFC 3339 time as the API server (``2025-01-01T12:00:00Z``) or the bucket manifest
+    (with microseconds) writes it; None when absent or malformed."""
+    if not value:
+        return None
+    try:
+        return datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+
+
+def container_status(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
+    """The status of the pod's container (or init container) ``name``, None before it has one."""
     for key in ("containerStatuses", "initContainerStatuses"):
         for s in _statuses(pod, key):
             if s.get("name") == name:
@@ -144,12 +156,12 @@ def classify(
     if disrupted is not None:
         return disrupted
 
-    restore = _terminated(_container_status(pod, RESTORE_CONTAINER))
+    restore = _terminated(container_status(pod, RESTORE_CONTAINER))
     if restore and restore.get("exitCode") == EXIT_CHECKPOINT_BAD:
         msg = str(restore.get("message") or "restore found the checkpoint corrupt")
         return Outcome(End.CHECKPOINT_BAD, R.CHECKPOINT_BAD, msg.strip())
 
-    trainer_status = _container_status(pod, TRAINER_CONTAINER)
+    trainer_status = container_status(pod, TRAINER_CONTAINER)
     trainer = _terminated(trainer_status)
     if trainer and trainer.get("exitCode") == 0 and phase != "Failed":
         if phase != "Succeeded" and not removed and _node_alive(node, node_deleted):
@@ -256,11 +268,9 @@ def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
         else None,
         (pod.get("metadata") or {}).get("creationTimestamp"),
     ):
-        if value:
-            try:
-                return datetime.fromisoformat(str(value))
-            except ValueError:
-                continue
+        at = parse_instant(value)
+        if at is not None:
+            return at
     return None
 
 

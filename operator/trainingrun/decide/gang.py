@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import End, Outcome
+from trainingrun.decide.classify import End, Outcome, parse_instant
 
 # The gravest first (G3).
 GRAVITY = (End.PREEMPTED, End.CHECKPOINT_BAD, End.PERMANENT, End.FAILED)
@@ -44,11 +44,7 @@ class Member:
 
 
 def _created(pod: Mapping[str, Any]) -> datetime | None:
-    value = (pod.get("metadata") or {}).get("creationTimestamp")
-    try:
-        return datetime.fromisoformat(str(value)) if value else None
-    except ValueError:
-        return None
+    return parse_instant((pod.get("metadata") or {}).get("creationTimestamp"))
 
 
 def _unscheduled(pod: Mapping[str, Any] | None) -> bool:

@@ -24,6 +24,7 @@ from typing import Any
 from trainingrun.api import CheckpointRef, CheckpointSpec
 from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER, rfc3339
 from trainingrun.decide import reasons as R
+from trainingrun.decide.classify import container_status, parse_instant
 
 
 @dataclass(frozen=True)
@@ -39,22 +40,10 @@ class Verdict:
     recheck_after: float | None = None
 
 
-def parse_instant(value: object) -> datetime | None:
-    """An RFC 3339 time as the API server (``2025-01-01T12:00:00Z``) or the bucket manifest
-    (with microseconds) writes it; None when absent or malformed."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-
-
 def trainer_start(pod: Mapping[str, Any] | None) -> tuple[datetime | None, bool]:
     """(when the trainer container started, whether it runs now); (None, False) before it
     started. A trainer that exited keeps its start in ``state.terminated.startedAt``."""
-    statuses = ((pod or {}).get("status") or {}).get("containerStatuses") or []
-    trainer = next((c for c in statuses if c.get("name") == TRAINER_CONTAINER), None)
+    trainer = container_status(pod, TRAINER_CONTAINER) if pod else None
     state = (trainer or {}).get("state") or {}
     if "running" in state:
         return parse_instant((state["running"] or {}).get("startedAt")), True

@@ -30,11 +30,11 @@ from typing import Any
 from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, parse_time, rfc3339
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import Outcome, classify, stops_by_itself
+from trainingrun.decide.classify import Outcome, classify, parse_instant, stops_by_itself
 from trainingrun.decide.gang import Member, gang_outcome
 from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
-from trainingrun.decide.protection import judge, parse_instant
+from trainingrun.decide.protection import judge
 
 # The display phases, derived from the conditions (R.RUNNING, R.SUCCEEDED, R.FAILED).
 PHASE_PENDING = "Pending"
@@ -80,6 +80,11 @@ class Plan:
     delete_pods: tuple[str, ...] = ()  # pods of this attempt to delete (once status landed)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+
+    @property
+    def warns_unprotected(self) -> bool:
+        """Whether the pass warns that the attempt is unprotected."""
+        return any(e.reason == R.UNPROTECTED for e in self.events)
 
 
 def set_condition(
@@ -232,17 +237,20 @@ def _protect(p: Plan, obs: Observed, current: str) -> Plan:
     events = list(p.events)
     if (v.protected is False and was != "False") or (v.protected is True and was == "False"):
         events.append(Event(R.event_type(v.reason), v.reason, v.message))
-    requeue = p.requeue_after
-    if v.recheck_after is not None:
-        requeue = v.recheck_after if requeue is None else min(requeue, v.recheck_after)
+    requeue = sooner(p.requeue_after, v.recheck_after)
     status = p.status.model_copy(update={"conditions": conds})
     return replace(p, status=status, events=events, requeue_after=requeue)
+
+
+def sooner(a: float | None, b: float | None) -> float | None:
+    """The earlier of two requeue delays (None: no requeue)."""
+    return b if a is None else a if b is None else min(a, b)
 
 
 def warns_unprotected(obs: Observed) -> bool:
     """Whether this pass would warn that the attempt is unprotected: the reconciler then reads
     the bucket manifest first, so a checkpoint committed since its last read is not missed."""
-    return any(e.reason == R.UNPROTECTED for e in plan(obs).events)
+    return plan(obs).warns_unprotected
 
 
 # Reasons of a running attempt that waits for something (a pass looks again at ``decide_at``).

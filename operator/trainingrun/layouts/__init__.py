@@ -26,14 +26,19 @@ from trainingrun.layouts.base import (
     Found,
     Proof,
     RuleResult,
+    claim_folder,
     file_checkpoint,
+    files_under,
     folder_checkpoint,
     folders,
+    has,
     is_control,
     is_ours,
     is_staging,
     marker_for,
+    proof_of,
 )
+from trainingrun.layouts.frameworks import TRAINER_STATE
 
 __all__ = [
     "AUTO",
@@ -43,6 +48,7 @@ __all__ = [
     "PATTERN",
     "POINTER_FILES",
     "STAGING_PREFIX",
+    "TRAINER_STATE",
     "FileInfo",
     "Found",
     "Pattern",
@@ -110,12 +116,14 @@ def pattern_rule(p: Pattern) -> Rule:
         for folder in folders(f.path for f in snapshot):
             if not fnmatch.fnmatchcase(folder, glob):
                 continue
-            claimed |= {f.path for f in snapshot if f.path.startswith(folder + "/")}
+            inside = files_under(snapshot, folder)
+            claimed |= claim_folder(inside)
             m = step_re.search(folder)
             if m:
-                has = any(f.path == f"{folder}/{p.marker}" for f in snapshot)
-                proof = Proof.QUIET if p.marker is None else _proof(has)
-                found.append(folder_checkpoint(PATTERN, snapshot, folder, int(m.group(1)), proof))
+                proof = Proof.QUIET  # no marker named: whole once quiet
+                if p.marker is not None:
+                    proof = proof_of(has(inside, f"{folder}/{p.marker}"))
+                found.append(folder_checkpoint(PATTERN, inside, folder, int(m.group(1)), proof))
         for f in snapshot:
             if f.path in claimed or f.link or not fnmatch.fnmatchcase(f.path, glob):
                 continue
@@ -126,10 +134,6 @@ def pattern_rule(p: Pattern) -> Rule:
         return RuleResult(tuple(found), frozenset(claimed))
 
     return rule
-
-
-def _proof(whole: bool) -> Proof:
-    return Proof.COMPLETE if whole else Proof.INCOMPLETE
 
 
 @dataclass(frozen=True)

@@ -81,13 +81,13 @@ class RuleResult:
     claimed: frozenset[str] = field(default_factory=frozenset)
 
 
-def is_ours(path: str) -> bool:
-    """The control folder and our markers: never a checkpoint file, never unrecognised."""
-    return path.split("/", 1)[0] == CONTROL_DIR or path.endswith(COMPLETE_MARKER)
-
-
 def is_control(path: str) -> bool:
     return path.split("/", 1)[0] == CONTROL_DIR
+
+
+def is_ours(path: str) -> bool:
+    """The control folder and our markers: never a checkpoint file, never unrecognised."""
+    return is_control(path) or path.endswith(COMPLETE_MARKER)
 
 
 def is_staging(path: str) -> bool:
@@ -135,19 +135,30 @@ def last_number(text: str) -> int | None:
     return int(numbers[-1]) if numbers else None
 
 
+Snapshot = Sequence[FileInfo]
+
+
+def has(snapshot: Snapshot, path: str) -> bool:
+    return any(f.path == path for f in snapshot)
+
+
+def proof_of(whole: bool) -> Proof:
+    """For a layout whose marker proves a checkpoint whole: without it, it is not."""
+    return Proof.COMPLETE if whole else Proof.INCOMPLETE
+
+
 def folder_checkpoint(
     fmt: str,
-    snapshot: Sequence[FileInfo],
+    inside: Sequence[FileInfo],
     folder: str,
     step: int,
     proof: Proof,
     resume: str | None = None,
 ) -> Found:
-    """A checkpoint that is one folder: its files relative to it, resumed from the folder
+    """A checkpoint that is one folder, from ``inside`` (its files: ``files_under(snapshot,
+    folder)``, which the rule also claims): its files relative to it, resumed from the folder
     (unless ``resume`` says otherwise). Our marker inside proves it complete."""
-    inside = files_under(snapshot, folder)
-    paths = {f.path for f in inside}
-    if marker_for(folder, True) in paths:
+    if has(inside, marker_for(folder, True)):
         proof = Proof.COMPLETE
     data = [f for f in inside if f.link is None and not is_ours(f.path)]
     return Found(
@@ -165,7 +176,7 @@ def folder_checkpoint(
 def file_checkpoint(fmt: str, snapshot: Sequence[FileInfo], f: FileInfo, step: int) -> Found:
     """A checkpoint that is one file, resumed from that file; complete by our marker beside it,
     else once quiet (a file written in place can be cut short by a kill)."""
-    marked = any(g.path == marker_for(f.path, False) for g in snapshot)
+    marked = has(snapshot, marker_for(f.path, False))
     return Found(
         format=fmt,
         step=step,
@@ -178,15 +189,10 @@ def file_checkpoint(fmt: str, snapshot: Sequence[FileInfo], f: FileInfo, step: i
     )
 
 
-def claim_folder(snapshot: Sequence[FileInfo], folder: str) -> set[str]:
-    return {f.path for f in files_under(snapshot, folder)}
-
-
-Snapshot = Sequence[FileInfo]
-
-
-def has(snapshot: Snapshot, path: str) -> bool:
-    return any(f.path == path for f in snapshot)
+def claim_folder(inside: Sequence[FileInfo]) -> set[str]:
+    """What a rule claims for a checkpoint folder: every file under it (``inside``, from
+    ``files_under``)."""
+    return {f.path for f in inside}
 
 
 def text(contents: dict[str, str], path: str) -> str | None:

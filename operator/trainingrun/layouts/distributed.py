@@ -6,6 +6,7 @@ one rank writes after the others finished. The facts are tabled in docs/checkpoi
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from collections import defaultdict
@@ -25,6 +26,8 @@ from trainingrun.layouts.base import (
     last_number,
     name,
     parent,
+    proof_of,
+    relative,
     text,
     under,
 )
@@ -45,10 +48,11 @@ DS_LATEST = "latest"
 DS_SCRIPTS = ("zero_to_fp32.py", "zero_to_torch.py")
 
 
-def _shard_ranks(snapshot: Snapshot, folder: str) -> dict[int, set[int]]:
-    """model-parallel rank -> the data-parallel ranks whose optimizer shard is in ``folder``."""
+def _shard_ranks(inside: Snapshot, folder: str) -> dict[int, set[int]]:
+    """model-parallel rank -> the data-parallel ranks whose optimizer shard is in ``folder``
+    (``inside``: the files under it)."""
     out: dict[int, set[int]] = defaultdict(set)
-    for f in files_under(snapshot, folder):
+    for f in inside:
         m = _DS_OPTIM.match(name(f.path))
         if m and parent(f.path) == folder:
             out[int(m.group(2))].add(int(m.group(1)))
@@ -92,30 +96,23 @@ def deepspeed(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         reference = None
         newest = max(s for s, _ in dir_tags)
         for step, tag in sorted(dir_tags):
-            claimed |= claim_folder(snapshot, tag)
-            ranks = _shard_ranks(snapshot, tag)
+            inside = files_under(snapshot, tag)
+            claimed |= claim_folder(inside)
+            ranks = _shard_ranks(inside, tag)
             shards_ok = not ranks or _shards_whole(ranks, reference)
             proof = _deepspeed_proof(step, step < newest, latest, shards_ok)
             if proof is not Proof.INCOMPLETE and ranks:
                 reference = ranks
-            one = folder_checkpoint("deepspeed", snapshot, tag, step, proof, resume=save_dir)
+            one = folder_checkpoint("deepspeed", inside, tag, step, proof, resume=save_dir)
             found.append(_rebased(one, save_dir, ((DS_LATEST, name(tag)),)))
     return RuleResult(tuple(found), frozenset(claimed))
 
 
 def _rebased(found: Found, base: str, extras: tuple[tuple[str, str], ...]) -> Found:
     """``found`` with its files relative to ``base`` (a parent of its folder) and extras."""
-    inner = found.base[len(base) + 1 :] if base else found.base
-    return Found(
-        format=found.format,
-        step=found.step,
-        base=base,
-        files=tuple(f"{inner}/{f}" for f in found.files),
-        resume=found.resume,
-        proof=found.proof,
-        newest_mtime=found.newest_mtime,
-        extras=extras,
-        name=found.name,
+    inner = relative(found.base, base)
+    return dataclasses.replace(
+        found, base=base, files=tuple(f"{inner}/{f}" for f in found.files), extras=extras
     )
 
 
@@ -148,14 +145,15 @@ def megatron(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         if (m := _MEGATRON.match(name(folder)))
     }
     for folder, step in iterations.items():
-        claimed |= claim_folder(snapshot, folder)
+        inside = files_under(snapshot, folder)
+        claimed |= claim_folder(inside)
         save_dir = parent(folder)
         newer = any(s > step and parent(f) == save_dir for f, s in iterations.items())
         tracker = f"{save_dir}/{MEGATRON_TRACKER}" if save_dir else MEGATRON_TRACKER
         claimed.add(tracker)
-        dist_meta = has(snapshot, f"{folder}/{MEGATRON_DIST_META}")
+        dist_meta = has(inside, f"{folder}/{MEGATRON_DIST_META}")
         proof = _megatron_proof(text(contents, tracker), step, newer, dist_meta)
-        one = folder_checkpoint("megatron", snapshot, folder, step, proof, resume=save_dir)
+        one = folder_checkpoint("megatron", inside, folder, step, proof, resume=save_dir)
         found.append(_rebased(one, save_dir, ((MEGATRON_TRACKER, str(step)),)))
     return RuleResult(tuple(found), frozenset(claimed))
 
@@ -189,12 +187,11 @@ def nemo(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         step = _nemo_step(name(folder))
         if step is None:
             continue
-        claimed |= claim_folder(snapshot, folder)
+        inside = files_under(snapshot, folder)
+        claimed |= claim_folder(inside)
         written = f"{weights}/{MEGATRON_DIST_META}" in paths or f"{weights}/{DCP_METADATA}" in paths
-        proof = (
-            Proof.COMPLETE if written and folder + UNFINISHED not in markers else Proof.INCOMPLETE
-        )
-        found.append(folder_checkpoint("nemo", snapshot, folder, step, proof))
+        proof = proof_of(written and folder + UNFINISHED not in markers)
+        found.append(folder_checkpoint("nemo", inside, folder, step, proof))
     return RuleResult(tuple(found), frozenset(claimed))
 
 
@@ -268,7 +265,7 @@ def mindformers(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         holding = {parent(f.path) for f in files}
         metas = [_mf_meta(contents, f"{d}/{MF_META}") for d in sorted(rank_dirs[root])]
         proof = _mf_proof(holding != rank_dirs[root], metas, (epoch, step))
-        rel = [f.path[len(root) + 1 :] if root else f.path for f in files]
+        rel = [relative(f.path, root) for f in files]
         meta = {"last_epoch": epoch, "last_step": step}
         extras = tuple(
             sorted(

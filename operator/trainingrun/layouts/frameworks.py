@@ -18,6 +18,7 @@ from trainingrun.layouts.base import (
     Snapshot,
     claim_folder,
     file_checkpoint,
+    files_under,
     folder_checkpoint,
     folders,
     has,
@@ -25,6 +26,7 @@ from trainingrun.layouts.base import (
     marker_for,
     name,
     parent,
+    proof_of,
 )
 
 # -- HuggingFace Trainer ------------------------------------------------------------------------
@@ -41,10 +43,11 @@ def hf(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         m = _HF.match(folder)
         if not m:
             continue
-        claimed |= claim_folder(snapshot, folder)
-        has_state = any(f.path == f"{folder}/{TRAINER_STATE}" for f in snapshot)
+        inside = files_under(snapshot, folder)
+        claimed |= claim_folder(inside)
+        has_state = has(inside, f"{folder}/{TRAINER_STATE}")
         proof = Proof.QUIET if has_state else Proof.INCOMPLETE
-        found.append(folder_checkpoint("hf", snapshot, folder, int(m.group(1)), proof))
+        found.append(folder_checkpoint("hf", inside, folder, int(m.group(1)), proof))
     return RuleResult(tuple(found), frozenset(claimed))
 
 
@@ -65,13 +68,13 @@ def dcp(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
     del contents
     found, claimed = [], set()
     for folder in _dcp_folders(snapshot):
-        claimed |= claim_folder(snapshot, folder)
+        inside = files_under(snapshot, folder)
+        claimed |= claim_folder(inside)
         step = last_number(name(folder))
         if step is None:
             continue
-        whole = has(snapshot, f"{folder}/{DCP_METADATA}")
-        proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
-        found.append(folder_checkpoint("dcp", snapshot, folder, step, proof))
+        proof = proof_of(has(inside, f"{folder}/{DCP_METADATA}"))
+        found.append(folder_checkpoint("dcp", inside, folder, step, proof))
     return RuleResult(tuple(found), frozenset(claimed))
 
 
@@ -107,14 +110,14 @@ def lightning(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
     for folder in folders(f.path for f in snapshot):
         if not folder.endswith(".ckpt"):
             continue
-        claimed |= claim_folder(snapshot, folder)
+        inside = files_under(snapshot, folder)
+        claimed |= claim_folder(inside)
         step = lightning_step(name(folder))
         if step is not None:
-            whole = has(snapshot, f"{folder}/{DCP_METADATA}") and has(
-                snapshot, f"{folder}/{LIGHTNING_SHARDED_META}"
+            whole = has(inside, f"{folder}/{DCP_METADATA}") and has(
+                inside, f"{folder}/{LIGHTNING_SHARDED_META}"
             )
-            proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
-            found.append(folder_checkpoint("lightning", snapshot, folder, step, proof))
+            found.append(folder_checkpoint("lightning", inside, folder, step, proof_of(whole)))
     return RuleResult(tuple(found), frozenset(claimed))
 
 
@@ -155,7 +158,6 @@ def composer(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
     for (folder, batch), files in by_step.items():
         rank0 = min(files, key=lambda f: f.path)
         whole = linked.get(folder, -1) >= batch or has(snapshot, marker_for(rank0.path, False))
-        proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
         found.append(
             Found(
                 format="composer",
@@ -163,7 +165,7 @@ def composer(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
                 base=folder,
                 files=tuple(sorted(name(f.path) for f in files)),
                 resume=rank0.path,
-                proof=proof,
+                proof=proof_of(whole),
                 newest_mtime=max(f.mtime for f in files),
                 name=rank0.path,
             )
@@ -171,12 +173,14 @@ def composer(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
     for folder in folders(f.path for f in snapshot):
         m = _COMPOSER.match(name(folder))
         if m and not m.group(4):
-            claimed |= claim_folder(snapshot, folder)
-            whole = has(snapshot, f"{folder}/{DCP_METADATA}") and linked.get(
+            inside = files_under(snapshot, folder)
+            claimed |= claim_folder(inside)
+            whole = has(inside, f"{folder}/{DCP_METADATA}") and linked.get(
                 parent(folder), -1
             ) >= int(m.group(2))
-            proof = Proof.COMPLETE if whole else Proof.INCOMPLETE
-            found.append(folder_checkpoint("composer", snapshot, folder, int(m.group(2)), proof))
+            found.append(
+                folder_checkpoint("composer", inside, folder, int(m.group(2)), proof_of(whole))
+            )
     return RuleResult(tuple(found), frozenset(claimed))
 
 
@@ -197,10 +201,11 @@ def accelerate(snapshot: Snapshot, contents: dict[str, str]) -> RuleResult:
         m = _ACCELERATE.match(name(folder))
         if not m:
             continue
-        claimed |= claim_folder(snapshot, folder)
+        inside = files_under(snapshot, folder)
+        claimed |= claim_folder(inside)
         has_last = any(
-            parent(f.path) == folder and _ACCELERATE_LAST.match(name(f.path)) for f in snapshot
+            parent(f.path) == folder and _ACCELERATE_LAST.match(name(f.path)) for f in inside
         )
         proof = Proof.SETTLED if has_last else Proof.INCOMPLETE
-        found.append(folder_checkpoint("accelerate", snapshot, folder, int(m.group(1)), proof))
+        found.append(folder_checkpoint("accelerate", inside, folder, int(m.group(1)), proof))
     return RuleResult(tuple(found), frozenset(claimed))
