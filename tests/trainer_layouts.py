@@ -20,7 +20,8 @@ from functools import partial
 from pathlib import Path
 
 # (op, path, argument): ("write", path, bytes), ("rename", src, dst), ("link", path, target),
-# ("remove", path, None). Paths are relative to the checkpoint folder.
+# ("remove", path, None), ("mkdir", path, None), ("chmod", path, mode). Paths are relative to
+# the checkpoint folder.
 Op = tuple[str, str, object]
 
 
@@ -62,6 +63,11 @@ def apply(folder: Path, ops: list[Op], mtime: float | None = None) -> None:
             target.symlink_to(arg)
         elif op == "remove":
             target.unlink()
+        elif op == "mkdir":
+            target.mkdir(exist_ok=True)
+        elif op == "chmod":
+            assert isinstance(arg, int)
+            target.chmod(arg)
         else:
             raise ValueError(op)
 

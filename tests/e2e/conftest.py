@@ -1,5 +1,6 @@
 """End-to-end fixtures: two local pod runner nodes on which the attempts' pods run as real
-processes. The operator and the CRD are the session fixtures of tests/conftest.py."""
+processes, and the frameworks' uninterrupted reference runs. The operator and the CRD are the
+session fixtures of tests/conftest.py."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.frameworks import References, Stack, reference_stack
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle, start_runner
 
@@ -18,3 +20,19 @@ def runner_nodes(localenv: LocalEnv) -> Iterator[list[RunnerHandle]]:
     yield handles
     for handle in handles:
         handle.stop()
+
+
+@pytest.fixture(scope="session")
+def reference_stacks(tmp_path_factory: pytest.TempPathFactory) -> References:
+    """Per framework, once per session: its python and its uninterrupted run
+    (tests/e2e/frameworks.py ``reference_stack``), which test_frameworks and
+    test_framework_callbacks both compare against; nothing may write into its folder."""
+    cache: dict[str, Stack] = {}
+
+    def get(framework: str) -> Stack:
+        if framework not in cache:
+            work = tmp_path_factory.mktemp(f"reference-{framework}")
+            cache[framework] = reference_stack(framework, work)
+        return cache[framework]
+
+    return get

@@ -1,5 +1,6 @@
-"""The example fine-tuning (examples/finetune.py) as the e2e tests use it: its loss log, and
-its uninterrupted run as a plain local process, the reference a disrupted run must match."""
+"""The example fine-tuning (examples/finetune.py) as the e2e tests use it: its loss log, its
+uninterrupted run as a plain local process (the reference a disrupted run must match), and the
+pod spec of a TrainingRun of it on the test's own pod runner nodes."""
 
 from __future__ import annotations
 
@@ -45,12 +46,9 @@ def uninterrupted(work: Path, max_steps: int, save_steps: int) -> tuple[bytes, d
     return weights, losses(work / "loss.jsonl")
 
 
-def pod_spec(
-    loss_dir: Path, nodes: list[str], max_steps: int, save_steps: int, step_delay: float
-) -> dict[str, Any]:
-    """The pod template's spec of a TrainingRun of the example on the test's own runner nodes
-    (other tests may run pod runners of their own); each attempt logs its losses to
-    ``<loss_dir>/loss-<attempt>.jsonl``."""
+def on_nodes(nodes: list[str]) -> dict[str, Any]:
+    """The placement part of a pod spec: only on ``nodes``, the test's own pod runner nodes
+    (other tests may run pod runners of their own), whose taint it tolerates."""
     hostnames = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
     return {
         "affinity": {
@@ -61,6 +59,16 @@ def pod_spec(
             }
         },
         "tolerations": [dict(TOLERATION)],
+    }
+
+
+def pod_spec(
+    loss_dir: Path, nodes: list[str], max_steps: int, save_steps: int, step_delay: float
+) -> dict[str, Any]:
+    """The pod template's spec of a TrainingRun of the example on the test's own runner nodes
+    (``on_nodes``); each attempt logs its losses to ``<loss_dir>/loss-<attempt>.jsonl``."""
+    return {
+        **on_nodes(nodes),
         "containers": [
             {
                 "name": TRAINER_CONTAINER,

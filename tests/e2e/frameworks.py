@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,12 +20,13 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.example import REPO, losses, pod_spec
+from tests.e2e.test_full_chain import node_of, runner_for
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
-from trainingrun import api
 from trainingrun.contract import (
     CHECKPOINT_VOLUME,
+    ENV_CHECKPOINT_DIR,
     ENV_EPOCH,
     ENV_RESUME_FROM,
     SYNC_CONTAINER,
@@ -33,6 +35,8 @@ from trainingrun.contract import (
 from trainingrun.manifest import CHECKPOINT_MANIFEST, RUN_MANIFEST, RunManifest, parse_run_manifest
 
 FRAMEWORKS = ("lightning", "composer")
+# Every run of the examples in these tests, and the uninterrupted reference they must match.
+MAX_STEPS, SAVE_STEPS = 40, 10
 BUILD_TIMEOUT_S = 3600  # a cold build downloads GBs of wheels
 
 
@@ -77,29 +81,66 @@ class Reference:
     total_s: float
 
 
-def uninterrupted(
-    framework: str, python: Path, work: Path, max_steps: int, save_steps: int
-) -> Reference:
-    """The example run start to end in ``work`` (no step delay: the delay is a sleep and
-    changes nothing else)."""
-    log = work / "loss.jsonl"
+@dataclass(frozen=True)
+class Stack:
+    """A framework, the python of its virtualenv, and its uninterrupted run with the checkpoint
+    folder that run saved into."""
+
+    framework: str
+    python: Path
+    reference: Reference
+    ckdir: Path
+
+
+# The session fixture ``reference_stacks`` (tests/e2e/conftest.py): framework -> its Stack.
+References = Callable[[str], Stack]
+
+
+def launch(
+    framework: str,
+    python: Path,
+    ckdir: Path,
+    loss_log: Path,
+    delay: float = 0.0,
+    resume: str = "",
+    stdout: Any = subprocess.DEVNULL,
+    stderr: Any = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """The example as a plain local process of MAX_STEPS steps, a save every SAVE_STEPS, saving
+    into ``ckdir`` and resuming from ``resume`` (none when empty); no TRAININGRUN_ variable of
+    the test's own environment reaches it."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAININGRUN_")}
-    env.update(PYTHONPATH=str(REPO / "operator"), TRAININGRUN_CHECKPOINT_DIR=str(work / "ck"))
+    env.update(
+        {
+            "PYTHONPATH": str(REPO / "operator"),
+            ENV_CHECKPOINT_DIR: str(ckdir),
+            ENV_RESUME_FROM: resume,
+        }
+    )
+    return subprocess.Popen(
+        [
+            str(python),
+            script(framework),
+            f"--max-steps={MAX_STEPS}",
+            f"--save-steps={SAVE_STEPS}",
+            f"--loss-log={loss_log}",
+            f"--step-delay={delay}",
+        ],
+        env=env,
+        cwd=REPO,
+        stdout=stdout,
+        stderr=stderr,
+        text=True,
+    )
+
+
+def uninterrupted(framework: str, python: Path, work: Path) -> Reference:
+    """The example run start to end in ``work``, saving into ``work/ck`` (no step delay: the
+    delay is a sleep and changes nothing else)."""
+    log = work / "loss.jsonl"
     started = time.monotonic()
     with (work / "out.log").open("wb") as out:
-        proc = subprocess.Popen(
-            [
-                str(python),
-                script(framework),
-                f"--max-steps={max_steps}",
-                f"--save-steps={save_steps}",
-                f"--loss-log={log}",
-            ],
-            env=env,
-            cwd=REPO,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
+        proc = launch(framework, python, work / "ck", log, stdout=out, stderr=subprocess.STDOUT)
         try:
             first = wait_for(
                 lambda: (log.exists() or proc.poll() is not None) and time.monotonic(),
@@ -118,6 +159,17 @@ def uninterrupted(
         first_step_s=first - started,
         total_s=time.monotonic() - started,
     )
+
+
+def reference_stack(framework: str, work: Path) -> Stack:
+    """The framework's python (built if need be) and its uninterrupted run in ``work``."""
+    python = stack_python(framework)
+    reference = uninterrupted(framework, python, work)
+    print(
+        f"\n{framework} reference: {MAX_STEPS} steps, first step {reference.first_step_s:.1f}s "
+        f"after start (python and the framework's import), done in {reference.total_s:.1f}s"
+    )
+    return Stack(framework, python, reference, work / "ck")
 
 
 def framework_run(
@@ -146,14 +198,6 @@ def framework_run(
     return body
 
 
-def evict(core: Any, namespace: str, pod: str) -> None:
-    core.create_namespaced_pod_eviction(
-        pod,
-        namespace,
-        client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace)),
-    )
-
-
 class FrameworkRun:
     """One TrainingRun of a framework example: its attempts' loss logs, its bucket manifest,
     and its trainer processes on the runner nodes."""
@@ -178,9 +222,7 @@ class FrameworkRun:
         self.runs.create(self.body)
 
     def delete(self) -> None:
-        self.runs.custom.delete_namespaced_custom_object(
-            api.GROUP, api.VERSION, self.runs.namespace, api.PLURAL, self.name
-        )
+        self.runs.delete(self.name)
 
     def gone(self) -> bool:
         try:
@@ -249,8 +291,7 @@ class FrameworkRun:
     # -- the trainer process ---------------------------------------------------------------------
 
     def node(self, attempt: int) -> RunnerHandle:
-        node = str(self.runs.pod(self.pod(attempt)).spec.node_name)
-        return next(h for h in self.nodes if h.node == node)
+        return runner_for(self.nodes, node_of(self.runs, self.pod(attempt)))
 
     def signal_trainer(self, attempt: int, sig: signal.Signals) -> None:
         handle = self.node(attempt)

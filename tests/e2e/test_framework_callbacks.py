@@ -14,84 +14,45 @@ The stop steps come from a seeded RNG (``TRAININGRUN_TEST_SEED``, default 5) and
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import subprocess
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.example import REPO, losses
-from tests.e2e.frameworks import FRAMEWORKS, Reference, script, stack_python, uninterrupted
+from tests.e2e.frameworks import (
+    FRAMEWORKS,
+    MAX_STEPS,
+    SAVE_STEPS,
+    References,
+    Stack,
+    launch,
+    stack_python,
+)
+from tests.e2e.test_trainer_resume import RUN_TIMEOUT, SEED, finish, stop_step
 from trainingrun import local
-from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+from trainingrun.contract import EXIT_STOPPED
 
-MAX_STEPS, SAVE_STEPS = 40, 10
+# stop_step and finish are the HF Trainer tests': their MAX_STEPS and SAVE_STEPS are these.
 STEP_DELAY = 0.25  # a stop request lands within the step after the one the test saw
-SEED = int(os.environ.get("TRAININGRUN_TEST_SEED", "5"))
-RUN_TIMEOUT = 300
-
-
-@dataclass(frozen=True)
-class Stack:
-    framework: str
-    python: Path
-    reference: Reference
-    ckdir: Path  # the uninterrupted run's checkpoint folder
 
 
 @pytest.fixture(scope="module", params=FRAMEWORKS)
-def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Stack:
-    """A framework, its python and its uninterrupted run."""
-    framework = str(request.param)
-    python = stack_python(framework)
-    work = tmp_path_factory.mktemp(f"{framework}-reference")
-    reference = uninterrupted(framework, python, work, MAX_STEPS, SAVE_STEPS)
-    print(f"{framework}: uninterrupted run of {MAX_STEPS} steps in {reference.total_s:.1f}s")
+def stack(request: pytest.FixtureRequest, reference_stacks: References) -> Stack:
+    """A framework, its python and its uninterrupted run (once per session)."""
+    stack = reference_stacks(str(request.param))
+    framework, reference = stack.framework, stack.reference
     assert sorted(reference.losses) == list(range(1, MAX_STEPS + 1))
-    survey = local.survey(work / "ck")
+    survey = local.survey(stack.ckdir)
     assert survey.formats == (framework,)
     assert [c.step for c in survey.checkpoints] == list(
         range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS)
     )
     assert all(c.marked for c in survey.checkpoints), "every save is proved whole at once"
-    return Stack(framework, python, reference, work / "ck")
-
-
-def start(
-    framework: str, python: Path, ckdir: Path, loss_log: Path, delay: float, resume: str = ""
-) -> subprocess.Popen[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAININGRUN_")}
-    env.update(
-        {
-            "PYTHONPATH": str(REPO / "operator"),
-            ENV_CHECKPOINT_DIR: str(ckdir),
-            ENV_RESUME_FROM: resume,
-        }
-    )
-    return subprocess.Popen(
-        [
-            str(python),
-            script(framework),
-            f"--max-steps={MAX_STEPS}",
-            f"--save-steps={SAVE_STEPS}",
-            f"--loss-log={loss_log}",
-            f"--step-delay={delay}",
-        ],
-        env=env,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-
-
-def finish(proc: subprocess.Popen[str], expected: int) -> None:
-    _, err = proc.communicate(timeout=RUN_TIMEOUT)
-    assert proc.returncode == expected, err[-3000:]
+    return stack
 
 
 def wait_for_step(proc: subprocess.Popen[str], ckdir: Path, step: int) -> int:
@@ -103,7 +64,8 @@ def wait_for_step(proc: subprocess.Popen[str], ckdir: Path, step: int) -> int:
         if progress is not None and progress.step >= step:
             return progress.step
         if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode} before step {step}: {proc.stderr}")
+            output = proc.stderr.read()[-3000:] if proc.stderr else ""
+            raise AssertionError(f"exited {proc.returncode} before step {step}: {output}")
         time.sleep(0.02)
     raise AssertionError(f"step {step} not reached in {RUN_TIMEOUT}s")
 
@@ -114,10 +76,9 @@ def test_stop_saves_the_next_step_and_resumes_exactly(
 ) -> None:
     framework, python, reference = stack.framework, stack.python, stack.reference
     ckdir, first, second = tmp_path / "ck", tmp_path / "loss-1.jsonl", tmp_path / "loss-2.jsonl"
-    candidates = [s for s in range(SAVE_STEPS + 1, MAX_STEPS - 10) if s % SAVE_STEPS not in (0, 9)]
-    target = random.Random(f"{SEED}-{framework}-{how}").choice(candidates)
+    target = stop_step(f"{framework}-{how}")
 
-    proc = start(framework, python, ckdir, first, STEP_DELAY)
+    proc = launch(framework, python, ckdir, first, STEP_DELAY)
     seen = wait_for_step(proc, ckdir, target)
     asked = time.monotonic()
     if how == "sigterm":
@@ -147,7 +108,7 @@ def test_stop_saves_the_next_step_and_resumes_exactly(
     restored.mkdir()
     shutil.copy(ckdir / newest.found.resume, restored / Path(newest.found.resume).name)
     resume = restored / Path(newest.found.resume).name
-    finish(start(framework, python, restored, second, 0.0, str(resume)), 0)
+    finish(launch(framework, python, restored, second, resume=str(resume)), 0)
     assert (restored / "final" / "weights.bin").read_bytes() == reference.weights
     after = losses(second)
     assert sorted(after) == list(range(saved + 1, MAX_STEPS + 1))
@@ -165,7 +126,7 @@ def test_resume_from_the_last_step_trains_nothing_more(stack: Stack, tmp_path: P
     resume = ckdir / Path(last.found.resume).name
     shutil.copy(stack.ckdir / last.found.resume, resume)
     log = tmp_path / "loss.jsonl"
-    finish(start(stack.framework, stack.python, ckdir, log, 0.0, str(resume)), 0)
+    finish(launch(stack.framework, stack.python, ckdir, log, resume=str(resume)), 0)
     assert (ckdir / "final" / "weights.bin").read_bytes() == stack.reference.weights
     assert losses(log) == {}
 

@@ -28,7 +28,7 @@ import os
 import random
 import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,26 +37,25 @@ import pytest
 from tests.e2e.example import losses
 from tests.e2e.frameworks import (
     FRAMEWORKS,
+    MAX_STEPS,
+    SAVE_STEPS,
     FrameworkRun,
     Reference,
-    evict,
+    References,
     framework_run,
     newest_before,
-    stack_python,
-    uninterrupted,
 )
+from tests.e2e.test_full_chain import evict
 from tests.integration.support import Runs, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 
 pytestmark = pytest.mark.usefixtures("operator")
 
-MAX_STEPS, SAVE_STEPS, STEP_DELAY = 40, 10, 0.25
+STEP_DELAY = 0.25
 STEPS = (MAX_STEPS, SAVE_STEPS, STEP_DELAY)
 SEED = int(os.environ.get("TRAININGRUN_E2E_SEED", "20261124"))
 END_TIMEOUT_S = 600
-
-References = Callable[[str], tuple[Path, Reference]]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,26 +72,6 @@ def test_clock(request: pytest.FixtureRequest) -> Iterator[None]:
     print(f"\n{request.node.name}: {time.monotonic() - started:.0f}s")
 
 
-@pytest.fixture(scope="module")
-def references(tmp_path_factory: pytest.TempPathFactory) -> References:
-    """Per framework, once per module: (its virtualenv's python, its uninterrupted run)."""
-    cache: dict[str, tuple[Path, Reference]] = {}
-
-    def get(framework: str) -> tuple[Path, Reference]:
-        if framework not in cache:
-            python = stack_python(framework)
-            work = tmp_path_factory.mktemp(f"reference-{framework}")
-            ref = uninterrupted(framework, python, work, MAX_STEPS, SAVE_STEPS)
-            print(
-                f"\n{framework} reference: first step {ref.first_step_s:.1f}s after start "
-                f"(python and the framework's import), done in {ref.total_s:.1f}s"
-            )
-            cache[framework] = (python, ref)
-        return cache[framework]
-
-    return get
-
-
 def start_run(
     name: str,
     framework: str,
@@ -103,13 +82,13 @@ def start_run(
     nodes: list[RunnerHandle],
     loss_dir: Path,
 ) -> tuple[FrameworkRun, Reference]:
-    python, ref = references(framework)
+    stack = references(framework)
     body = framework_run(
-        name, env, prefix, framework, python, loss_dir, [h.node for h in nodes], STEPS
+        name, env, prefix, framework, stack.python, loss_dir, [h.node for h in nodes], STEPS
     )
     run = FrameworkRun(runs, env, prefix, name, loss_dir, nodes, body)
     run.create()
-    return run, ref
+    return run, stack.reference
 
 
 def between_saves(step: int) -> int:
@@ -151,11 +130,11 @@ def test_evicted_then_killed_resumes_to_the_uninterrupted_weights(
     core_v1: Any,
     s3: Any,
     tmp_path: Path,
-    references: References,
+    reference_stacks: References,
 ) -> None:
     rng = random.Random(f"{SEED}-{framework}")
     run, ref = start_run(
-        framework, framework, references, runs, localenv, prefix, runner_nodes, tmp_path
+        framework, framework, reference_stacks, runs, localenv, prefix, runner_nodes, tmp_path
     )
     ns = runs.namespace
     resumed_at_start: dict[int, int | None] = {}  # attempt -> status.resumeStep at its start
@@ -216,11 +195,11 @@ def test_reapplied_composer_run_resumes_from_the_newest_committed_checkpoint(
     runner_nodes: list[RunnerHandle],
     s3: Any,
     tmp_path: Path,
-    references: References,
+    reference_stacks: References,
 ) -> None:
     name = "autoresume"
     run, ref = start_run(
-        name, "composer", references, runs, localenv, prefix, runner_nodes, tmp_path
+        name, "composer", reference_stacks, runs, localenv, prefix, runner_nodes, tmp_path
     )
     run.wait_attempt(1)
     wait_for(
@@ -275,11 +254,11 @@ def test_damaged_newest_checkpoint_rolls_back_to_the_last_intact_one(
     runner_nodes: list[RunnerHandle],
     s3: Any,
     tmp_path: Path,
-    references: References,
+    reference_stacks: References,
 ) -> None:
     name = "rollback"
     run, ref = start_run(
-        name, "lightning", references, runs, localenv, prefix, runner_nodes, tmp_path
+        name, "lightning", reference_stacks, runs, localenv, prefix, runner_nodes, tmp_path
     )
     run.wait_attempt(1)
     run.wait_step(1, 2 * SAVE_STEPS + 1)

@@ -39,7 +39,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -51,7 +50,8 @@ from typing import Any
 import pytest
 
 from tests.e2e.frameworks import stack_python
-from tests.trainer_layouts import Op
+from tests.localenv import free_ports
+from tests.trainer_layouts import Op, apply
 from tests.trainer_layouts import deepspeed as deepspeed_layout
 from tests.trainer_layouts import mindformers as mindformers_layout
 from trainingrun import local
@@ -92,11 +92,10 @@ MF_ROOT = "output/checkpoint"  # relative to the checkpoint folder (the saver's 
 
 @dataclass
 class Saver:
-    """One saver process: its checkpoint folder, journal and log."""
+    """One saver process and its log."""
 
     name: str
     proc: subprocess.Popen[bytes]
-    folder: Path
     log: Path
     started: float
 
@@ -105,13 +104,6 @@ class Saver:
 class Saved:
     deepspeed: dict[str, Path]  # run name -> its checkpoint folder (the save folder is ds/)
     mindformers: Path  # the checkpoint folder of both ranks
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def _start(name: str, argv: list[str], folder: Path, cwd: Path, **env: str) -> Saver:
@@ -127,7 +119,7 @@ def _start(name: str, argv: list[str], folder: Path, cwd: Path, **env: str) -> S
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
-    return Saver(name, proc, folder, log, time.monotonic())
+    return Saver(name, proc, log, time.monotonic())
 
 
 def _wait(savers: list[Saver]) -> None:
@@ -153,6 +145,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saved]:
     started = time.monotonic()
     lightning, mindformers = stack_python("lightning"), stack_python("mindformers")
     root = tmp_path_factory.mktemp("real-layouts")
+    ports = iter(free_ports(sum(run.ranks == 1 for run in DS_RUNS.values())))
     savers = []
     for name, run in DS_RUNS.items():
         folder = root / name / "ck"
@@ -161,7 +154,7 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Saved]:
         args += ["--journal", str(root / name / "journal.jsonl")] + (["--bf16"] if run.bf16 else [])
         if run.ranks == 1:
             argv = [str(lightning), *args]
-            env = {"MASTER_PORT": str(_free_port())}
+            env = {"MASTER_PORT": str(next(ports))}
         else:
             launch = ["-m", "torch.distributed.run", "--standalone"]
             argv = [str(lightning), *launch, "--nproc_per_node", str(run.ranks), *args]
@@ -195,11 +188,6 @@ def _timed(request: pytest.FixtureRequest) -> Iterator[None]:
 
 def _files(folder: Path) -> dict[str, Path]:
     return {p.relative_to(folder).as_posix(): p for p in sorted(folder.rglob("*")) if p.is_file()}
-
-
-def _copy(src: Path, dst: Path) -> Path:
-    shutil.copytree(src, dst)
-    return dst
 
 
 # -- DeepSpeed ----------------------------------------------------------------------------------
@@ -293,13 +281,6 @@ def test_deepspeed_saves_are_found(saved: Saved, name: str) -> None:
         assert newest.complete(newest_mtime + QUIET + 1, QUIET, trainer_gone=False)
 
 
-def _write(folder: Path, path: str, blob: bytes, at: float) -> None:
-    target = folder / path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_bytes(blob)
-    os.utime(target, (at, at))
-
-
 @pytest.mark.parametrize("name", list(DS_RUNS))
 def test_deepspeed_save_killed_at_any_point(saved: Saved, name: str, tmp_path: Path) -> None:
     run, real = DS_RUNS[name], saved.deepspeed[name]
@@ -310,7 +291,8 @@ def test_deepspeed_save_killed_at_any_point(saved: Saved, name: str, tmp_path: P
     for i, w in enumerate(writes):
         at = T0 + i * TICK
         for cut in (True, False):
-            _write(replay, w.path, w.data[: len(w.data) // 2] if cut else w.data, at)
+            blob = w.data[: len(w.data) // 2] if cut else w.data
+            apply(replay, [("write", w.path, blob)], mtime=at)
             found = local.survey(replay)
             assert found.formats == ("deepspeed",)
             assert found.unrecognised == ()
@@ -342,7 +324,7 @@ def test_deepspeed_tag_without_a_rank_shard_is_never_complete(
     tag = f"{DS_SAVE_DIR}/global_step{DS_STEPS}"
     shard = f"{tag}/zero_pp_rank_1_mp_rank_00_optim_states.pt"
     for damage in ("removed", "cut short"):
-        folder = _copy(saved.deepspeed[name], tmp_path / damage.replace(" ", "-"))
+        folder = shutil.copytree(saved.deepspeed[name], tmp_path / damage.replace(" ", "-"))
         if damage == "removed":
             (folder / shard).unlink()
         else:
@@ -480,22 +462,10 @@ def test_mindformers_save_killed_at_any_point(saved: Saved, order: str, tmp_path
     checked = {"named": 0, "whole-not-named": 0, "not-whole": 0}
     for i, (op, path, arg) in enumerate(ops):
         at = T0 + i * TICK
-        target = replay / path
         cuts: tuple[bool, ...] = (True, False) if op == "write" else (False,)
         for cut in cuts:
-            if op == "write":
-                assert isinstance(arg, bytes)
-                _write(replay, path, arg[: len(arg) // 2] if cut else arg, at)
-            elif op == "mkdir":
-                target.mkdir(parents=True, exist_ok=True)
-            elif op == "rename":
-                assert isinstance(arg, str)
-                os.replace(target, replay / arg)
-            elif op == "remove":
-                target.unlink()
-            else:
-                assert isinstance(arg, int)
-                target.chmod(arg)
+            done = arg[: len(arg) // 2] if cut and isinstance(arg, bytes) else arg
+            apply(replay, [(op, path, done)], mtime=at)
             found = local.survey(replay)
             assert found.unrecognised == ()
             for c in found.checkpoints:

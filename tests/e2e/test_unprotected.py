@@ -26,12 +26,11 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from tests.e2e.example import on_nodes
 from tests.e2e.test_full_chain import node_of, runner_for
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
-from tests.podrunner.node import TOLERATION
-from trainingrun import api
 from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -56,16 +55,8 @@ NO_FORMAT = "match no checkpoint format"
 def unprotected_run(name: str, env: LocalEnv, prefix: str, nodes: list[str], script: str) -> Any:
     body = trainingrun(name, env, prefix)
     body["spec"]["checkpoint"]["unprotectedAfterSeconds"] = LIMIT
-    hostnames = {"key": "kubernetes.io/hostname", "operator": "In", "values": nodes}
     body["spec"]["template"]["spec"] = {
-        "affinity": {
-            "nodeAffinity": {
-                "requiredDuringSchedulingIgnoredDuringExecution": {
-                    "nodeSelectorTerms": [{"matchExpressions": [hostnames]}]
-                }
-            }
-        },
-        "tolerations": [dict(TOLERATION)],
+        **on_nodes(nodes),
         "containers": [
             {
                 "name": TRAINER_CONTAINER,
@@ -85,9 +76,7 @@ def trainer_started(pod: Any) -> Any:
 
 def delete_run(runs: Runs, name: str) -> None:
     """Deletes the run and waits until its pods are gone (owner references)."""
-    runs.custom.delete_namespaced_custom_object(
-        api.GROUP, api.VERSION, runs.namespace, api.PLURAL, name
-    )
+    runs.delete(name)
     wait_for(lambda: not runs.pods_of(name), 60, f"the pods of {name} to go")
 
 

@@ -180,18 +180,25 @@ def run_restore(env: dict[str, str], timeout: float = 120) -> subprocess.Complet
     )
 
 
+def manifest_of(client: Any, bucket: str, run_key: str) -> dict[str, Any] | None:
+    """The run's manifest.json as JSON; None while there is none."""
+    try:
+        body = client.get_object(Bucket=bucket, Key=f"{run_key}/manifest.json")["Body"].read()
+    except client.exceptions.NoSuchKey:
+        return None
+    return dict(json.loads(body))
+
+
 def wait_committed(
     client: Any, bucket: str, run_key: str, step: int, timeout: float
 ) -> dict[str, Any]:
     """Waits until ``step`` is in the run's manifest.json; returns the manifest."""
 
     def committed() -> dict[str, Any] | None:
-        try:
-            body = client.get_object(Bucket=bucket, Key=f"{run_key}/manifest.json")["Body"].read()
-        except client.exceptions.NoSuchKey:
+        manifest = manifest_of(client, bucket, run_key)
+        if manifest is None or not any(e["step"] == step for e in manifest["entries"]):
             return None
-        manifest = json.loads(body)
-        return manifest if any(e["step"] == step for e in manifest["entries"]) else None
+        return manifest
 
     return wait_for(committed, timeout, f"checkpoint-{step} committed under {run_key}")
 

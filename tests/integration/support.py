@@ -179,6 +179,11 @@ class Runs:
         )
         return run
 
+    def delete(self, name: str) -> None:
+        self.custom.delete_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name
+        )
+
     def status(self, name: str) -> dict[str, Any]:
         return self.get(name).get("status") or {}
 

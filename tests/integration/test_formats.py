@@ -15,7 +15,6 @@ writes them):
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,7 @@ from tests.integration.agents import (
     S3,
     SyncProcess,
     agent_env,
+    manifest_of,
     run_restore,
     start_sync,
     wait_committed,
@@ -111,8 +111,8 @@ def test_save_killed_half_way_is_never_committed(
     apply(run.ckdir, [*done, *cut] if op == "write" else done)
     assert run.proc.terminate(timeout=90) == 0
 
-    body = run.client.get_object(Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json")["Body"]
-    manifest = json.loads(body.read())
+    manifest = manifest_of(run.client, agent_s3.bucket, run_key)
+    assert manifest is not None
     assert [e["step"] for e in manifest["entries"]] == [run.first.step]
 
 

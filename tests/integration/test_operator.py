@@ -493,9 +493,7 @@ def test_deleting_a_run_removes_its_pod_and_keeps_the_bucket(
     start(runs, localenv, prefix, "bye", kwok_node())
     key = run_key(prefix, runs.namespace, "bye")
     commit_checkpoint(s3, localenv.bucket, key, 7, {"w.bin": b"7" * 16})
-    runs.custom.delete_namespaced_custom_object(
-        "trainingrun.dev", "v1alpha1", runs.namespace, "trainingruns", "bye"
-    )
+    runs.delete("bye")
     wait_for(lambda: runs.pods_of("bye") == [], 60, "the run's pods to be garbage collected")
     listed = s3.list_objects_v2(Bucket=localenv.bucket, Prefix=f"{key}/")
     keys = {o["Key"] for o in listed.get("Contents", [])}

@@ -26,6 +26,7 @@ from tests.integration.agents import (
     SyncProcess,
     agent_env,
     make_checkpoint,
+    manifest_of,
     run_restore,
     start_sync,
     wait_committed,
@@ -49,14 +50,6 @@ HF_LIKE = {
     "training_args.bin": 5000,
     "config.json": 700,
 }
-
-
-def manifest_of(client: Any, bucket: str, run_key: str) -> dict[str, Any] | None:
-    try:
-        body = client.get_object(Bucket=bucket, Key=f"{run_key}/manifest.json")["Body"].read()
-    except client.exceptions.NoSuchKey:
-        return None
-    return dict(json.loads(body))
 
 
 def keys_under(client: Any, bucket: str, prefix: str) -> list[str]:
