@@ -545,6 +545,7 @@ def test_progress_file_written_as_json(tmp_path: Path) -> None:
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 SURVEY_AS_NOBODY = """
 import json, sys
+sys.path.insert(0, "PKG")
 from pathlib import Path
 from trainingrun import local
 print(json.dumps(list(local.survey(Path(sys.argv[1])).unreadable)))
@@ -564,9 +565,25 @@ def test_a_folder_the_sidecar_may_not_list_is_reported() -> None:
         private.chmod(0o750)
         (ckdir / "checkpoint").chmod(0o755)
         ckdir.chmod(0o755)
+        # The other user may not read the clone (mktemp -d makes it 0700): it runs a copy of the
+        # package (the survey needs only the standard library) with the base interpreter.
+        package = Path(local.__file__).parent
+        shutil.copytree(
+            package, root / "pkg" / package.name, ignore=shutil.ignore_patterns("*.pyc")
+        )
+        for folder in [root / "pkg", *(root / "pkg").rglob("*")]:
+            folder.chmod(0o755 if folder.is_dir() else 0o644)
+        python = os.path.realpath(sys.executable)
         proc = subprocess.run(
-            [*AS_NOBODY, sys.executable, "-c", SURVEY_AS_NOBODY, str(ckdir)],
-            env={**os.environ, "PYTHONPATH": str(Path(local.__file__).parents[1])},
+            [
+                *AS_NOBODY,
+                python,
+                "-I",
+                "-c",
+                SURVEY_AS_NOBODY.replace("PKG", str(root / "pkg")),
+                str(ckdir),
+            ],
+            env={"PATH": os.environ.get("PATH", "")},
             cwd="/",
             capture_output=True,
             text=True,
