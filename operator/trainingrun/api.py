@@ -291,6 +291,16 @@ class TrainingRunSpec(_Model):
         json_schema_extra={"default": PreemptionSpec().model_dump(by_alias=True)},
         description="Preemption notice handling.",
     )
+    suspend: bool = Field(
+        default=False,
+        description=(
+            "Pause the run: true asks the running attempt to save at its next step end, then "
+            "removes its pods (after terminationGracePeriodSeconds at the latest) and shows "
+            "phase Suspended; false resumes it from the newest committed checkpoint. A pause "
+            "spends no budget and counts as neither restart nor preemption. A run created "
+            "suspended creates no pod."
+        ),
+    )
 
 
 class CheckpointRef(_Model):
@@ -312,7 +322,10 @@ class Condition(_Model):
     """One aspect of the run's state, in the metav1.Condition shape."""
 
     type: str = Field(
-        description="Type of condition in CamelCase: Running, Succeeded, Failed or Protected.",
+        description=(
+            "Type of condition in CamelCase: Running, Succeeded, Failed, Protected, Suspended or "
+            "Admitted (by Kueue)."
+        ),
     )
     status: str = Field(description="Status of the condition, one of True, False, Unknown.")
     reason: str = Field(
@@ -353,7 +366,11 @@ class TrainingRunStatus(_Model):
     )
     phase: str | None = Field(
         default=None,
-        description="Display summary: Pending, Running, Backoff, Succeeded or Failed.",
+        description=(
+            "Display summary: Pending, Running, Backoff, Suspending (held, its attempt saving "
+            "and stopping), Suspended (spec.suspend), Queued (waiting for Kueue), Succeeded or "
+            "Failed."
+        ),
     )
     attempt: int = Field(default=0, description="Number of the current or last attempt.")
     restarts: int = Field(default=0, description="Failed attempts so far.")
@@ -398,6 +415,6 @@ class TrainingRunStatus(_Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description=(
             "The latest available observations of the run's state: Running, Succeeded, Failed, "
-            "Protected (metav1.Condition)."
+            "Protected, Suspended, Admitted (metav1.Condition)."
         ),
     )

@@ -32,6 +32,12 @@ LABEL_RANK = "trainingrun.dev/rank"  # the pod's rank in its attempt's gang (rep
 ANNOTATION_RESUME_STEP = "trainingrun.dev/resume-step"
 # Set by the operator on a pod whose node carries a notice taint; the sidecar's cue to save.
 ANNOTATION_NOTICE = "trainingrun.dev/preemption-notice"
+# Set by the operator, with the notice, on the pods of an attempt it stops for a hold: why
+# (STOP_SUSPEND for spec.suspend, STOP_EVICTED for an eviction by Kueue). The attempt's end is
+# then a pause, not a failure (decide.hold).
+ANNOTATION_STOP = "trainingrun.dev/stop"
+STOP_SUSPEND = "suspend"
+STOP_EVICTED = "evicted"
 
 # Kueue's plain-pod groups (kueue.sigs.k8s.io, "Run Plain Pods"): a template that names a queue
 # gets one pod group per gang attempt, so Kueue admits all of its pods at once or none.

@@ -111,6 +111,8 @@ class OldPods:
         found = self._old_pods(namespace, name, meta["uid"], below, also, memory)
         for forgotten in set(memory.asked) - set(found):
             del memory.asked[forgotten]  # gone
+        for ended_by_plan in set(also) & set(found) - set(memory.asked):
+            memory.asked[ended_by_plan] = Asked(first=now)  # asked to go, even if it stopped
         decided = sweep((pod for pod, _ in found.values()), memory.asked, now, self.timing)
         uids = {pod_name: uid for pod_name, (_, uid) in found.items()}
         gone = self._delete(namespace, name, decided.deletes, uids, memory, now)

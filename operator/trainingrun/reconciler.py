@@ -41,12 +41,11 @@ from trainingrun.decide.reconcile import (
     Observed,
     Plan,
     attempt_outcome,
-    fail,
-    is_finished,
     plan,
     sooner,
     started,
 )
+from trainingrun.decide.status import fail, is_finished
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
 from trainingrun.manifest import Layout, ManifestError
@@ -201,6 +200,8 @@ class Reconciler:
         self._write_status(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
+        for pod in p.annotate:  # asked to save and stop for a hold (decide.hold)
+            self.api.annotate_pod(ref.namespace, pod, dict(p.annotations))
         # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
         again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pods)
         if p.create_attempt is None:

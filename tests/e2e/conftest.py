@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.e2e.example import CHAIN_STEPS, uninterrupted
 from tests.e2e.frameworks import References, Stack, reference_stack
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle, start_runner
@@ -20,6 +21,15 @@ def runner_nodes(localenv: LocalEnv) -> Iterator[list[RunnerHandle]]:
     yield handles
     for handle in handles:
         handle.stop()
+
+
+@pytest.fixture(scope="session")
+def chain_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
+    """The uninterrupted run of the example as test_full_chain, test_suspend and test_kueue
+    run it (tests/e2e/test_full_chain.py ``finetune_run``), as a plain local process, once per
+    session: its final weights and its loss at every step."""
+    work = tmp_path_factory.mktemp("chain-reference")
+    return uninterrupted(work, CHAIN_STEPS.max_steps, CHAIN_STEPS.save_steps)
 
 
 @pytest.fixture(scope="session")

@@ -9,12 +9,22 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from tests.podrunner.node import TOLERATION
 from trainingrun.contract import TRAINER_CONTAINER
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+class Steps(NamedTuple):
+    max_steps: int
+    save_steps: int
+    step_delay: float
+
+
+# The example as test_full_chain, test_suspend and test_kueue run it (conftest chain_reference).
+CHAIN_STEPS = Steps(60, 10, 0.25)
 
 
 def losses(path: Path) -> dict[int, float]:

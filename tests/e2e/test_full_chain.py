@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.e2e.example import losses, pod_spec, uninterrupted
+from tests.e2e.example import CHAIN_STEPS, losses, pod_spec
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
@@ -31,14 +31,8 @@ from trainingrun.manifest import parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
 
-MAX_STEPS, SAVE_STEPS, STEP_DELAY = 60, 10, 0.25
+MAX_STEPS, SAVE_STEPS, STEP_DELAY = CHAIN_STEPS
 SEED = int(os.environ.get("TRAININGRUN_E2E_SEED", "20261122"))
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
-    """The uninterrupted run of the same spec, as a plain local process."""
-    return uninterrupted(tmp_path_factory.mktemp("reference"), MAX_STEPS, SAVE_STEPS)
 
 
 def finetune_run(
@@ -140,9 +134,9 @@ def test_three_disruptions_resume_to_the_uninterrupted_weights(
     core_v1: Any,
     s3: Any,
     tmp_path: Path,
-    reference: tuple[bytes, dict[int, float]],
+    chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, reference_losses = reference
+    weights, reference_losses = chain_reference
     rng = random.Random(SEED)
     chain = Chain(runs, localenv, prefix, "chain", tmp_path, runner_nodes)
     ns = runs.namespace
@@ -202,9 +196,9 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     runner_nodes: list[RunnerHandle],
     s3: Any,
     tmp_path: Path,
-    reference: tuple[bytes, dict[int, float]],
+    chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, _ = reference
+    weights, _ = chain_reference
     chain = Chain(runs, localenv, prefix, "corrupt", tmp_path, runner_nodes)
     ns = runs.namespace
     chain.wait_attempt(1)

@@ -179,6 +179,12 @@ class Runs:
         )
         return run
 
+    def patch(self, name: str, body: dict[str, Any]) -> None:
+        """A merge patch of the run (its spec; the status is the operator's)."""
+        self.custom.patch_namespaced_custom_object(
+            api.GROUP, api.VERSION, self.namespace, api.PLURAL, name, body
+        )
+
     def delete(self, name: str) -> None:
         self.custom.delete_namespaced_custom_object(
             api.GROUP, api.VERSION, self.namespace, api.PLURAL, name

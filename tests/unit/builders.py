@@ -35,6 +35,7 @@ from trainingrun.contract import (
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
 )
+from trainingrun.decide.hold import Queue
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.reconcile import Observed
 from trainingrun.manifest import checkpoint_prefix
@@ -76,6 +77,8 @@ class RunBuilder:
         self._gang: dict[str, Any] = {}
         self._status: dict[str, Any] = {}
         self._latest: int | None = None
+        self._suspend = False
+        self._queue: Queue | None = None
 
     # -- the bucket -------------------------------------------------------------------------
 
@@ -172,6 +175,15 @@ class RunBuilder:
         self._template["spec"].update(fields)
         return self
 
+    def with_suspend(self, suspend: bool = True) -> Self:
+        self._suspend = suspend
+        return self
+
+    def with_queue(self, admitted: bool, reason: str, message: str = "") -> Self:
+        """Kueue's admission of the run's Workload, as the reconciler read it."""
+        self._queue = Queue(admitted, reason, message or reason)
+        return self
+
     def with_generation(self, generation: int) -> Self:
         self.generation = generation
         return self
@@ -198,6 +210,8 @@ class RunBuilder:
         if self._preemption:
             data["preemption"] = copy.deepcopy(self._preemption)
         data.update(copy.deepcopy(self._gang))
+        if self._suspend:
+            data["suspend"] = True
         return TrainingRunSpec.model_validate(data)
 
     def ref(self) -> RunRef:
@@ -237,6 +251,7 @@ class RunBuilder:
             node_deleted=node_deleted,
             latest=self.latest(),
             now=now,
+            queue=self._queue,
         )
 
 

@@ -45,20 +45,17 @@ from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
 from trainingrun.decide.reasons import FAILED, RUNNING, SUCCEEDED
 from trainingrun.decide.reasons import RESTARTS_EXHAUSTED as REASON_RESTARTS_EXHAUSTED
-from trainingrun.decide.reconcile import (
+from trainingrun.decide.reconcile import Observed, Plan, plan, started
+from trainingrun.decide.status import (
     PHASE_BACKOFF,
     PHASE_FAILED,
     PHASE_PENDING,
     PHASE_RUNNING,
     PHASE_SUCCEEDED,
     Event,
-    Observed,
-    Plan,
     fail,
     phase_of,
-    plan,
     set_condition,
-    started,
 )
 
 

@@ -28,6 +28,7 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
 
 from __future__ import annotations
 
+import copy
 import threading
 from datetime import timedelta
 from typing import Any, cast
@@ -40,10 +41,12 @@ from tests.unit.fakes import Clock, FakeBucket, FakeKube
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
     ANNOTATION_RESUME_STEP,
+    ANNOTATION_STOP,
     EXIT_STOPPED,
     LABEL_ATTEMPT,
     LABEL_RUN,
     RESTORE_CONTAINER,
+    STOP_SUSPEND,
     TIME_FORMAT_MICRO,
     rfc3339,
 )
@@ -124,6 +127,13 @@ class World:
         self.kube.set_pod(pod)
         key = (NAMESPACE, pod["metadata"]["name"])
         self.reconciler.view.pods.put(key, self.kube.pods[key])
+
+    def set_spec(self, **fields: Any) -> None:
+        """The user changes the run's spec; the watch event reaches the cache."""
+        run = self.kube.runs[(NAMESPACE, RUN)]
+        run["spec"].update(fields)
+        run["metadata"]["generation"] += 1
+        self.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(run))
 
     def watch(self) -> None:
         """The pod watch catches up: every pod as the API server has it, the deleted ones gone."""
@@ -549,3 +559,42 @@ def test_the_recognised_format_is_in_the_status(layout: Layout | None, expected:
     w.reconcile()
 
     assert w.status()["latestCheckpoint"]["format"] == expected
+
+
+def test_a_suspension_annotates_the_pod_then_deletes_it_once_ended_and_resumes_after() -> None:
+    w = World()
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node().build()
+    w.report(make_pod("r1-1").on_node().running())
+    w.set_spec(suspend=True)
+
+    w.reconcile()
+
+    annotations = w.pod("r1-1")["metadata"]["annotations"]
+    assert annotations[ANNOTATION_STOP] == STOP_SUSPEND
+    assert ANNOTATION_NOTICE in annotations
+    assert w.status()["phase"] == "Suspending"
+    w.bucket.commit(w.location, 17)  # the save at the next step end
+    ended = make_pod("r1-1").on_node().trainer_exited(EXIT_STOPPED)
+    w.report(ended.annotated(ANNOTATION_STOP, STOP_SUSPEND))
+
+    w.reconcile()
+
+    assert ("r1-1", None) in w.kube.deletes  # ended, and still removed
+    assert (NAMESPACE, "r1-1") not in w.kube.pods
+    status = w.status()
+    assert (status["phase"], status["attempt"], status["restarts"]) == ("Suspended", 2, 0)
+    assert w.kube.creates == ["r1-1"]
+    w.set_spec(suspend=False)
+
+    w.reconcile()
+
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert w.pod("r1-2")["metadata"]["annotations"][ANNOTATION_RESUME_STEP] == "17"
+    assert w.events.reasons() == [
+        R.STARTED,
+        R.SUSPEND_REQUESTED,
+        R.PAUSED,
+        R.SUSPEND_LIFTED,
+        R.RESUMED,
+    ]

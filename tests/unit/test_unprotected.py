@@ -36,15 +36,8 @@ from trainingrun.api import CheckpointRef, Condition, TrainingRunStatus
 from trainingrun.contract import TIME_FORMAT_MICRO, TRAINER_CONTAINER, rfc3339
 from trainingrun.decide import reasons as R
 from trainingrun.decide.pod import AgentSettings, build_pod
-from trainingrun.decide.reconcile import (
-    Event,
-    Plan,
-    fail,
-    plan,
-    set_condition,
-    started,
-    warns_unprotected,
-)
+from trainingrun.decide.reconcile import Plan, plan, started, warns_unprotected
+from trainingrun.decide.status import Event, fail, set_condition
 
 LIMIT = 600
 

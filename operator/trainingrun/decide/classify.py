@@ -49,6 +49,7 @@ class End(Enum):
     FAILED = "Failed"
     CHECKPOINT_BAD = R.CHECKPOINT_BAD
     PERMANENT = "Permanent"
+    PAUSED = R.PAUSED  # stopped for spec.suspend (decide.hold): spends nothing
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,8 @@
 
 Preemptions spend ``maxPreemptions`` and never the failure budget; failures spend
 ``maxRestarts``; ``crashLoopLimit`` failures in a row without a new committed checkpoint end the
-run as a crash loop; a corrupt checkpoint spends neither and is recorded as bad.
+run as a crash loop; a corrupt checkpoint spends neither and is recorded as bad; a pause
+(``spec.suspend``) spends nothing. An eviction by Kueue is a preemption.
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def decide(
         return Decision(Action.FINISH, counters, R.SUCCEEDED, outcome.message)
     if outcome.end is End.PERMANENT:
         return Decision(Action.FAIL, counters, outcome.reason, outcome.message)
+    if outcome.end is End.PAUSED:
+        return Decision(Action.RESUBMIT, counters, R.PAUSED, outcome.message)
     if outcome.end is End.CHECKPOINT_BAD:
         return _checkpoint_bad(outcome, counters, resume_step)
     if outcome.end is End.PREEMPTED:

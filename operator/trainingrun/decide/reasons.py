@@ -13,6 +13,8 @@ RUNNING = "Running"
 SUCCEEDED = "Succeeded"
 FAILED = "Failed"
 PROTECTED = "Protected"  # the running attempt has committed a checkpoint since its trainer started
+SUSPENDED = "Suspended"  # True while spec.suspend holds the run (decide.hold)
+ADMITTED = "Admitted"  # a queued run's admission by Kueue: False while it waits (decide.hold)
 
 # -- how an attempt starts --------------------------------------------------------------------
 
@@ -33,6 +35,17 @@ CRASH_LOOP = "CrashLoop"
 CHECKPOINT_COMMITTED = "CheckpointCommitted"  # True: committed one since its trainer started
 AWAITING_CHECKPOINT = "AwaitingCheckpoint"  # Unknown: none yet, the deadline has not come
 UNPROTECTED = "Unprotected"  # False: none within spec.checkpoint.unprotectedAfterSeconds
+
+# -- pauses and queues (the Suspended and Admitted conditions, decide.hold) --------------------
+
+SUSPEND_REQUESTED = "SuspendRequested"  # spec.suspend became true: save, stop, hold
+SUSPEND_LIFTED = "SuspendLifted"  # spec.suspend became false: resume
+PAUSED = "Paused"  # the attempt stopped for a pause: spends no budget
+QUEUED = "Queued"  # Kueue has not admitted the run's Workload yet
+ADMITTED_BY_KUEUE = "AdmittedByKueue"  # Kueue admitted it: its pods may be created
+EVICTED = "Evicted"  # Kueue evicted the Workload (priority preemption, quota reclaim, ...)
+KUEUE_NOT_INSTALLED = "KueueNotInstalled"  # the queue label names Kueue, which is not installed
+WORKLOAD_FAILED = "WorkloadFailed"  # the run's Workload cannot be created or read
 
 # -- a run that cannot go on ------------------------------------------------------------------
 
@@ -65,7 +78,20 @@ IMAGE_PULL_RETRYING = "ImagePullRetrying"
 GANG_SCHEDULING = "GangScheduling"  # some pods of a gang wait to be scheduled
 GANG_NOT_SCHEDULED = "GangNotScheduled"  # ... longer than spec.gang.startTimeoutSeconds
 
-NORMAL = frozenset({STARTED, RESUMED, SUCCEEDED, PREEMPTED, CHECKPOINT_COMMITTED})
+NORMAL = frozenset(
+    {
+        STARTED,
+        RESUMED,
+        SUCCEEDED,
+        PREEMPTED,
+        CHECKPOINT_COMMITTED,
+        SUSPEND_REQUESTED,
+        SUSPEND_LIFTED,
+        PAUSED,
+        QUEUED,
+        ADMITTED_BY_KUEUE,
+    }
+)
 
 
 def event_type(reason: str) -> str:

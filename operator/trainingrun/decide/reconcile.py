@@ -27,28 +27,24 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
-from trainingrun.contract import ANNOTATION_RESUME_STEP, parse_time, rfc3339
+from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
+from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
+from trainingrun.decide import hold
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome, classify, parse_instant, stops_by_itself
 from trainingrun.decide.gang import Member, gang_outcome
 from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
 from trainingrun.decide.protection import judge
-
-# The display phases, derived from the conditions (R.RUNNING, R.SUCCEEDED, R.FAILED).
-PHASE_PENDING = "Pending"
-PHASE_RUNNING = "Running"
-PHASE_BACKOFF = "Backoff"
-PHASE_SUCCEEDED = "Succeeded"
-PHASE_FAILED = "Failed"
-
-
-@dataclass(frozen=True)
-class Event:
-    type: str  # Normal or Warning
-    reason: str
-    message: str
+from trainingrun.decide.status import (
+    Event,
+    condition_event,
+    is_finished,
+    is_held,
+    is_true,
+    set_condition,
+    with_status,
+)
 
 
 @dataclass(frozen=True)
@@ -64,6 +60,8 @@ class Observed:
     now: datetime
     # A gang's other pods, ranks 1 to replicas - 1 (``pod`` and ``node`` are rank 0's).
     peers: tuple[Member, ...] = ()
+    # Kueue's admission of the run's Workload; None: the run names no queue (decide.hold).
+    queue: hold.Queue | None = None
 
     @property
     def gang(self) -> tuple[Member, ...]:
@@ -80,77 +78,14 @@ class Plan:
     delete_pods: tuple[str, ...] = ()  # pods of this attempt to delete (once status landed)
     events: list[Event] = field(default_factory=list)
     requeue_after: float | None = None
+    # Pods of this attempt to annotate with ``annotations`` (asked to save and stop for a hold).
+    annotate: tuple[str, ...] = ()
+    annotations: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def warns_unprotected(self) -> bool:
         """Whether the pass warns that the attempt is unprotected."""
         return any(e.reason == R.UNPROTECTED for e in self.events)
-
-
-def set_condition(
-    conditions: list[Condition],
-    ctype: str,
-    status: bool | None,
-    reason: str,
-    message: str,
-    generation: int,
-    now: datetime,
-) -> list[Condition]:
-    """Sets one condition (``status`` None: Unknown); ``lastTransitionTime`` changes only when
-    the status flips."""
-    value = "Unknown" if status is None else "True" if status else "False"
-    old = next((c for c in conditions if c.type == ctype), None)
-    since = old.last_transition_time if old and old.status == value else rfc3339(now)
-    new = Condition(
-        type=ctype,
-        status=value,
-        reason=reason,
-        message=message,
-        observed_generation=generation,
-        last_transition_time=since,
-    )
-    return [*(c for c in conditions if c.type != ctype), new]
-
-
-def condition_event(
-    conditions: list[Condition],
-    ctype: str,
-    status: bool,
-    reason: str,
-    message: str,
-    generation: int,
-    now: datetime,
-) -> tuple[list[Condition], Event]:
-    """Sets one condition and derives the Event that reports it: the same reason and message,
-    Normal or Warning by the reason. Every transition a user sees goes through here."""
-    conds = set_condition(conditions, ctype, status, reason, message, generation, now)
-    return conds, Event(R.event_type(reason), reason, message)
-
-
-def _is_true(status: TrainingRunStatus, ctype: str) -> bool:
-    return any(c.type == ctype and c.status == "True" for c in status.conditions)
-
-
-def is_finished(status: TrainingRunStatus) -> bool:
-    return _is_true(status, R.SUCCEEDED) or _is_true(status, R.FAILED)
-
-
-def phase_of(status: TrainingRunStatus) -> str:
-    """The display phase, derived from the conditions."""
-    if _is_true(status, R.FAILED):
-        return PHASE_FAILED
-    if _is_true(status, R.SUCCEEDED):
-        return PHASE_SUCCEEDED
-    if _is_true(status, R.RUNNING):
-        return PHASE_RUNNING
-    if status.next_attempt_time:
-        return PHASE_BACKOFF
-    return PHASE_PENDING
-
-
-def _with(status: TrainingRunStatus, obs: Observed, **changes: Any) -> TrainingRunStatus:
-    new = status.model_copy(update={"observed_generation": obs.generation, **changes})
-    return new.model_copy(update={"phase": phase_of(new)})
 
 
 def _newer(latest: CheckpointRef | None, current: CheckpointRef | None) -> CheckpointRef | None:
@@ -161,30 +96,73 @@ def _newer(latest: CheckpointRef | None, current: CheckpointRef | None) -> Check
     return current
 
 
+def _with(status: TrainingRunStatus, obs: Observed, **changes: Any) -> TrainingRunStatus:
+    return with_status(status, obs.generation, **changes)
+
+
 def plan(obs: Observed) -> Plan:
-    """The pass for ``obs``; see the module docstring for the two-step attempt counter."""
+    """The pass for ``obs``; see the module docstring for the two-step attempt counter, and
+    ``decide.hold`` for a run paused or queued."""
     status = obs.status
     if is_finished(status):
         return Plan(_with(status, obs))
     latest = _newer(obs.latest, status.latest_checkpoint)
-    status = status.model_copy(update={"latest_checkpoint": latest})
+    conds, events = hold.mark(status, obs.spec, obs.queue, obs.generation, obs.now)
+    status = status.model_copy(update={"latest_checkpoint": latest, "conditions": conds})
+    p = _plan(status, obs)
+    return replace(p, events=[*events, *p.events]) if events else p
 
+
+def _plan(status: TrainingRunStatus, obs: Observed) -> Plan:
+    held = is_held(status)
     if status.attempt == 0:
+        if held:  # created suspended or queued: no pod
+            return _held(status, obs)
         return _due(_with(status, obs, attempt=1, next_attempt_time=None), obs)
 
     current = pod_name(obs.name, status.attempt, 0, obs.spec.replicas)
     if status.active_pod != current and any(m.pod is None for m in obs.gang):
-        return _due(status, obs)  # attempt recorded, pods not all created yet
+        if not held:
+            return _due(status, obs)  # attempt recorded, pods not all created yet
+        if all(m.pod is None for m in obs.gang):
+            return _held(status, obs)
+        # Some pods of an attempt not recorded as started: they go, and the next attempt
+        # (a new name for each pod) waits for the hold to be lifted.
+        return _ended(status, obs, hold.end_now(status), current)
 
-    outcome = attempt_outcome(obs)
+    outcome = hold.stopped(obs.gang, attempt_outcome(obs))
     if outcome.ended:
         return _ended(status, obs, outcome, current)
+    if held:
+        return _stopping(status, obs, outcome, current)
     return _protect(_running(status, obs, outcome, current), obs, current)
+
+
+def _held(status: TrainingRunStatus, obs: Observed) -> Plan:
+    """No pod while the hold lasts; the status says why (the holding condition's words)."""
+    ctype = R.ADMITTED if hold.held_by(status) == STOP_EVICTED else R.SUSPENDED
+    c = next(c for c in status.conditions if c.type == ctype)
+    return Plan(_with(status, obs, reason=c.reason, message=c.message))
+
+
+def _stopping(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
+    """A held run's attempt still runs: ask its pods to save and stop, or end it past the
+    grace period (``decide.hold.stopping``)."""
+    s = hold.stopping(status, obs.spec, obs.gang, obs.now)
+    if s.overdue is not None:
+        return _ended(status, obs, s.overdue, current)
+    p = _running(status, obs, outcome, current)
+    return replace(
+        p,
+        annotate=s.ask,
+        annotations=s.annotations,
+        requeue_after=sooner(p.requeue_after, s.recheck_after),
+    )
 
 
 def _running(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
     """The attempt goes on: its pod is recorded as active, and a wait is reported."""
-    if obs.pod is not None and not _is_true(status, R.RUNNING):
+    if obs.pod is not None and not is_true(status, R.RUNNING):
         # The pod exists but its start was not recorded (the write after its creation
         # failed, or the operator stopped between the two): record it as started() would.
         adopted, event = started(status, obs, obs.pod)
@@ -299,6 +277,14 @@ def _still_running(m: Member) -> bool:
     )
 
 
+def _to_delete(obs: Observed, outcome: Outcome) -> tuple[str, ...]:
+    """The pods an ended attempt deletes: those still running, or every one of an attempt
+    stopped for a hold (its pods go: nothing of the run stays while it is held)."""
+    if hold.for_hold(outcome):
+        return tuple(m.name for m in obs.gang if m.pod is not None)
+    return tuple(m.name for m in obs.gang if _still_running(m))
+
+
 def _attempt_label(obs: Observed, attempt: int, first: str) -> str:
     """``attempt 3 (r-3)``, or ``attempt 3 (4 pods)`` for a gang."""
     replicas = obs.spec.replicas
@@ -306,12 +292,8 @@ def _attempt_label(obs: Observed, attempt: int, first: str) -> str:
 
 
 def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
-    counters = Counters(
-        status.restarts,
-        status.preemptions,
-        status.consecutive_failures,
-        tuple(status.bad_checkpoints),
-    )
+    s = status
+    counters = Counters(s.restarts, s.preemptions, s.consecutive_failures, (*s.bad_checkpoints,))
     latest_step = status.latest_checkpoint.step if status.latest_checkpoint else None
     # The pod's annotation is the record of what it resumed from, even when the status write
     # after its creation was lost.
@@ -333,7 +315,7 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         "reason": d.reason,
         "message": d.message,
     }
-    delete = tuple(m.name for m in obs.gang if _still_running(m))
+    delete = _to_delete(obs, outcome)
     attempt_msg = f"{_attempt_label(obs, status.attempt, current)}: {d.message}"
     gen, now = obs.generation, obs.now
     conds, event = condition_event(
@@ -362,6 +344,8 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
     events = [event]
     if d.delay_seconds:
         return Plan(new, delete_pods=delete, events=events, requeue_after=float(d.delay_seconds))
+    if is_held(new):  # the next attempt is recorded, and created once the hold is lifted
+        return Plan(new, delete_pods=delete, events=events)
     # Due now: the pod of the next attempt is asked for in this very plan (after its status).
     return Plan(new, create_attempt=new.attempt, delete_pods=delete, events=events)
 
@@ -394,22 +378,3 @@ def started(
         message=msg,
     )
     return new, event
-
-
-def fail(
-    status: TrainingRunStatus, generation: int, reason: str, message: str, now: datetime
-) -> tuple[TrainingRunStatus, Event]:
-    """A run that cannot go on (R.INVALID_SPEC, R.MISSING_SECRET): failed at once. The reason
-    is the same in status.reason, the Failed condition and the Event."""
-    conds, event = condition_event(
-        status.conditions, R.FAILED, True, reason, message, generation, now
-    )
-    new = status.model_copy(
-        update={
-            "observed_generation": generation,
-            "conditions": conds,
-            "reason": reason,
-            "message": message,
-        }
-    )
-    return new.model_copy(update={"phase": phase_of(new)}), event
