@@ -4,6 +4,8 @@
 #   k8s/  etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl (one release)
 #   kwok/ kwok, kwokctl
 #   helm/ helm (installs the chart in tests, and for users with Docker)
+#   kueue/ kueue (the manager, started on demand by tests/kueue.py), with the module's CRDs
+#          (crds/) and webhook definitions (webhooks.yaml) beside it, so they always match
 # Prints the bin folder that holds all of them (symlinks into the keyed build folders).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -59,7 +61,30 @@ hv=helm.sh/helm/v4/internal/version
 helm_out=$(build "$here/helm" "-s -w -X $hv.version=$helm -X $hv.gitTreeState=clean" \
   helm=helm.sh/helm/v4/cmd/helm)
 
+# A lone requirement again (see helm above).
+kueue=$(awk '$1 == "require" && $2 == "sigs.k8s.io/kueue" {print $3; exit}' "$here/kueue/go.mod")
+[ -n "$kueue" ] || { echo "hack/kueue/go.mod requires no sigs.k8s.io/kueue version" >&2; exit 1; }
+kv=sigs.k8s.io/kueue/pkg/version
+kueue_out=$(build "$here/kueue" "-s -w -X $kv.GitVersion=$kueue -X $kv.BuildDate=1970-01-01" \
+  kueue=sigs.k8s.io/kueue/cmd/kueue)
+# From the very module version built above (go build just downloaded it): its CRDs into crds/
+# and its webhook definitions into webhooks.yaml, which tests/kueue.py finds next to the binary
+# the bin/ link points at (only the binary is linked).
+if [ ! -d "$kueue_out/crds" ] || [ ! -f "$kueue_out/webhooks.yaml" ]; then
+  kueue_src=$(cd "$here/kueue" && go list -m -f '{{.Dir}}' sigs.k8s.io/kueue)
+  rm -rf "$kueue_out/crds.partial"
+  mkdir -p "$kueue_out/crds.partial"
+  cp "$kueue_src"/config/components/crd/bases/*.yaml "$kueue_out/crds.partial/"
+  cp "$kueue_src/config/components/webhook/manifests.yaml" "$kueue_out/webhooks.yaml.partial"
+  chmod u+w "$kueue_out"/crds.partial/*.yaml "$kueue_out/webhooks.yaml.partial"  # cache is r/o
+  rm -rf "$kueue_out/crds"
+  mv "$kueue_out/crds.partial" "$kueue_out/crds"
+  mv "$kueue_out/webhooks.yaml.partial" "$kueue_out/webhooks.yaml"
+fi
+
 bin="$cache/bin"
 mkdir -p "$bin"
-for f in "$k8s_out"/* "$kwok_out"/* "$helm_out"/*; do ln -sfn "$f" "$bin/$(basename "$f")"; done
+for f in "$k8s_out"/* "$kwok_out"/* "$helm_out"/* "$kueue_out/kueue"; do
+  ln -sfn "$f" "$bin/$(basename "$f")"
+done
 echo "$bin"

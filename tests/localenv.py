@@ -509,6 +509,10 @@ def down(quiet: bool = False) -> None:
     if operator_pid.exists():
         with contextlib.suppress(ValueError):
             stop_pid(int(operator_pid.read_text() or 0))
+    kueue_pid = sdir / "kueue" / "kueue.pid"  # tests.kueue, when started
+    if kueue_pid.exists():
+        with contextlib.suppress(ValueError):
+            stop_pid(int(kueue_pid.read_text() or 0))
     # Local pod runners (tests.podrunner) started in this environment; their containers die
     # with them.
     for pid_file in sdir.glob(f"podrunner/*/{RUNNER_PID_FILE}"):

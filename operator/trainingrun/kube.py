@@ -33,6 +33,10 @@ class Forbidden(Exception):
     """403: RBAC, quota, a terminating namespace or admission; may pass later."""
 
 
+class NotServed(Exception):
+    """The API server does not serve the type (its CRD is not installed)."""
+
+
 class ApiError(Exception):
     """The API server refused a call (an answer the method does not expect) or did not answer
     (a timeout, a lost connection); a later pass tries again."""
@@ -130,6 +134,63 @@ class Kube:
             if e.status == 404:  # the run was deleted meanwhile: nothing to record
                 return None
             raise
+
+    # -- Kueue Workloads (trainingrun.queues) ------------------------------------------------
+
+    def has_api(self, group: str, version: str, plural: str) -> bool:
+        """Whether the API server serves ``plural`` in ``group/version`` (Kueue installed)."""
+        try:
+            found = _json(self.custom.get_api_resources(group, version, _preload_content=False))
+        except ApiException as e:
+            if e.status == 404:
+                return False
+            raise
+        return any(r.get("name") == plural for r in found.get("resources") or [])
+
+    def get_object(
+        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """A custom object (namespaced, or cluster-scoped without ``namespace``), or None."""
+        try:
+            if namespace is None:
+                response = self.custom.get_cluster_custom_object(
+                    group, version, plural, name, _preload_content=False
+                )
+            else:
+                response = self.custom.get_namespaced_custom_object(
+                    group, version, namespace, plural, name, _preload_content=False
+                )
+            return _json(response)
+        except ApiException as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create_object(self, group: str, version: str, plural: str, body: dict[str, Any]) -> None:
+        """Creates a namespaced custom object; one that holds its name already is left as it
+        is (409). NotServed when the API server does not serve the type (404)."""
+        meta = body["metadata"]
+        try:
+            _create(
+                lambda: self.custom.create_namespaced_custom_object(
+                    group, version, meta["namespace"], plural, body, _preload_content=False
+                ),
+                lambda: {},
+            )
+        except ApiException as e:
+            if e.status == 404:
+                raise NotServed(f"{plural}.{group}/{version} is not served") from e
+            raise
+
+    def replace_object_status(
+        self, group: str, version: str, plural: str, body: dict[str, Any]
+    ) -> None:
+        """PUT of the status subresource, guarded by the body's resourceVersion (409 when the
+        object changed since it was read: a later pass reads it again)."""
+        meta = body["metadata"]
+        self.custom.replace_namespaced_custom_object_status(
+            group, version, meta["namespace"], plural, meta["name"], body, _preload_content=False
+        ).release_conn()
 
     # -- Pods -------------------------------------------------------------------------------
 

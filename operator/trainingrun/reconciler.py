@@ -53,6 +53,7 @@ from trainingrun.notices import Notices, PodAnnotator
 from trainingrun.oldpods import OldPods, PodDeleter
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.protocol import StaleAttempt
+from trainingrun.queues import ObjectApi, Queues
 from trainingrun.settings import OperatorSettings
 from trainingrun.storage import StorageError
 from trainingrun.stores import Checkpoints, MissingSecret, RunStores
@@ -60,7 +61,7 @@ from trainingrun.stores import Checkpoints, MissingSecret, RunStores
 log = logging.getLogger("trainingrun.operator")
 
 
-class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Creator, Protocol):
+class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Creator, ObjectApi, Protocol):
     """The calls of ``trainingrun.kube.Kube`` the reconciler makes."""
 
     def patch_run_status(
@@ -98,6 +99,7 @@ class Reconciler:
         self.notices = notices or Notices(api, settings.notice_taints)
         self.old_pods = OldPods(api, self.view, events, metrics)
         self.launcher = Launcher(api, self.view, events, metrics, settings, monotonic)
+        self.queues = Queues(api, monotonic)
         self._now = now
         self._monotonic = monotonic
         self._memory: dict[tuple[str, str], RunMemory] = {}
@@ -148,6 +150,7 @@ class Reconciler:
             self.notices.remember((namespace, name), None)
             if run is None or meta.get("deletionTimestamp"):
                 return None
+            self.queues.settle(run, status, None, self.view, self._now())  # Finished
             return self.old_pods.sweep(run, 0, self._now())  # the pods asked to go, until gone
         generation, now = int(meta.get("generation") or 0), self._now()
         try:
@@ -162,6 +165,7 @@ class Reconciler:
 
         gang = observe_gang(self.view, ref, status, now)
         self.notices.pass_on(gang, spec)
+        queue, workload = self.queues.observe(run, ref, status.attempt, self.settings.agent)
         first = gang[0]
         obs = Observed(
             name=name,
@@ -174,6 +178,7 @@ class Reconciler:
             latest=None,
             now=now,
             peers=tuple(gang[1:]),
+            queue=queue,
         )
         begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
         # An attempt's end, and the warning that it committed nothing, are judged on the bucket
@@ -189,7 +194,11 @@ class Reconciler:
             self._fail(run, status, R.MISSING_SECRET, str(e), now)
             return None
         made = running if seen.latest is None else None
-        return self._apply(run, ref, replace(obs, latest=seen.latest), made)
+        obs = replace(obs, latest=seen.latest)
+        p = made if made is not None else plan(obs)
+        again = self._apply(run, ref, obs, p)
+        self.queues.settle(run, p.status, workload, self.view, self._now())
+        return sooner(again, self.queues.poll_after(queue, p.status))
 
     def _apply(
         self, run: dict[str, Any], ref: RunRef, obs: Observed, made: Plan | None = None

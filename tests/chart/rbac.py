@@ -14,6 +14,7 @@ Grant = tuple[str, str, str]  # (api group, resource[/subresource], verb)
 TRAININGRUN = "trainingrun.dev"
 KOPF = "kopf.dev"
 CRDS = "apiextensions.k8s.io"
+KUEUE = "kueue.x-k8s.io"
 
 # Namespaced rules: ClusterRole when cluster-wide, a Role per watched namespace otherwise.
 APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
@@ -32,6 +33,9 @@ APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
         ("", "services", "get"),  # Kube.create_service, when it exists
         ("", "secrets", "get"),  # Kube.get_secret_data (credentialsSecret)
         ("", "events", "create"),  # Kube.event
+        (KUEUE, "workloads", "get"),  # Kube.get_object (trainingrun.queues)
+        (KUEUE, "workloads", "create"),  # Kube.create_object (a queued run's Workload)
+        (KUEUE, "workloads/status", "update"),  # Kube.replace_object_status
     }
 )
 # Cluster-scoped resources: always a ClusterRole.
@@ -40,6 +44,7 @@ APPLICATION_CLUSTER: frozenset[Grant] = frozenset(
         ("", "nodes", "get"),  # Kube.get_node
         ("", "nodes", "list"),  # kopf watch of nodes
         ("", "nodes", "watch"),
+        (KUEUE, "workloadpriorityclasses", "get"),  # a queued run's priority (Kube.get_object)
     }
 )
 FRAMEWORK_ALWAYS: frozenset[Grant] = frozenset(

@@ -17,6 +17,7 @@ import json
 import os
 import random
 import signal
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -55,10 +56,12 @@ class Chain:
         name: str,
         loss_dir: Path,
         nodes: list[RunnerHandle],
+        shape: Callable[[dict[str, Any]], dict[str, Any]] = lambda body: body,
     ) -> None:
+        """Creates the run, its body changed by ``shape`` (labels, resources) first."""
         self.runs, self.env, self.prefix, self.name = runs, env, prefix, name
         self.loss_dir = loss_dir
-        runs.create(finetune_run(name, env, prefix, loss_dir, [h.node for h in nodes]))
+        runs.create(shape(finetune_run(name, env, prefix, loss_dir, [h.node for h in nodes])))
 
     @property
     def run_key(self) -> str:

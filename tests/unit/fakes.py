@@ -79,11 +79,38 @@ class FakeKube:
     deletes: list[tuple[str, int | None]] = field(default_factory=list)  # (pod, grace), refused too
     refuse_deletes: dict[str, int] = field(default_factory=dict)
     clock: Clock = field(default_factory=Clock)  # deletion and creation timestamps' time
+    # Custom objects other than runs (Kueue's), by (plural, namespace or "", name).
+    objects: dict[tuple[str, str, str], dict[str, Any]] = field(default_factory=dict)
+    served: set[str] = field(default_factory=set)  # plurals the API server serves (Kueue's)
     _version: int = 0
 
     def _rv(self) -> str:
         self._version += 1
         return str(self._version)
+
+    def has_api(self, group: str, version: str, plural: str) -> bool:
+        return plural in self.served
+
+    def get_object(
+        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        found = self.objects.get((plural, namespace or "", name))
+        return copy.deepcopy(found) if found else None
+
+    def create_object(self, group: str, version: str, plural: str, body: dict[str, Any]) -> None:
+        meta = body["metadata"]
+        key = (plural, meta["namespace"], meta["name"])
+        if key not in self.objects:
+            self.objects[key] = {**copy.deepcopy(body), "status": {}}
+            self.objects[key]["metadata"]["resourceVersion"] = self._rv()
+
+    def replace_object_status(
+        self, group: str, version: str, plural: str, body: dict[str, Any]
+    ) -> None:
+        meta = body["metadata"]
+        self.objects[(plural, meta["namespace"], meta["name"])]["status"] = copy.deepcopy(
+            body["status"]
+        )
 
     def add_run(self, run: dict[str, Any]) -> None:
         meta = run["metadata"]
