@@ -1,6 +1,6 @@
 """What the operator may and may not do through the API, as (API group, resource, verb): the
 chart's RBAC is checked against these tables by the render tests (tests/chart) and against a real
-API server by ``kubectl auth can-i`` (tests/integration/test_chart.py).
+API server by a SubjectAccessReview (tests/integration/test_chart.py).
 
 The application entries are every call in ``trainingrun/kube.py`` plus the kopf watches that
 ``trainingrun/handlers.py`` registers; the framework entries are what kopf needs to discover

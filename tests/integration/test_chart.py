@@ -4,7 +4,7 @@ checked by the API server itself.
 
 Covers: a cluster-wide install next to the TrainingRun CRD that other tests installed already
 (helm skips an existing CRD), the pod Running on the kwok node with the chart's security context,
-the CRDs served and the peering object created; ``kubectl auth can-i`` yes for every verb and
+the CRDs served and the peering object created; a SubjectAccessReview allowing every verb and
 resource the operator uses (tests/chart/rbac.py) and no for a few it must not have; uninstall
 removes the RBAC and keeps the CRDs. A namespaced install, and the real operator process
 authenticated as the chart's ServiceAccount (a TokenRequest token, no impersonation) taking a
@@ -46,8 +46,9 @@ def helm() -> Path:
 class Release:
     """One helm release of the chart in one namespace of the local environment."""
 
-    def __init__(self, helm: Path, env: LocalEnv, namespace: str) -> None:
+    def __init__(self, helm: Path, env: LocalEnv, namespace: str, api_client: Any) -> None:
         self.helm, self.env, self.namespace = helm, env, namespace
+        self.authorization = client.AuthorizationV1Api(api_client)
         self.name = f"chart-{uuid.uuid4().hex[:6]}"
         self.fullname = f"{self.name}-trainingrun"
         self.installed = False
@@ -84,21 +85,33 @@ class Release:
             self.installed = False
 
     def can_i(self, group: str, resource: str, verb: str, namespace: str | None) -> bool:
-        """The API server's answer for the chart's ServiceAccount."""
+        """The API server's answer for the chart's ServiceAccount: a SubjectAccessReview that
+        names the group and resource itself, so a resource whose CRD is not installed (Kueue's)
+        is asked about as it is (``kubectl auth can-i`` cannot resolve it and asks about a
+        resource of that whole dotted name in the core group instead)."""
         name, _, sub = resource.partition("/")
-        args = ["auth", "can-i", verb, f"{name}.{group}" if group else name]
-        args += [f"--subresource={sub}"] if sub else []
-        args += ["-n", namespace] if namespace else ["--all-namespaces"]
-        args += [f"--as=system:serviceaccount:{self.namespace}:{self.fullname}"]
-        proc = self.env.kubectl_run(*args)
-        answer = proc.stdout.strip()
-        assert answer in ("yes", "no"), f"kubectl {' '.join(args)}: {proc.stderr}"
-        return answer == "yes"
+        account = f"system:serviceaccount:{self.namespace}:{self.fullname}"
+        groups = ["system:serviceaccounts", f"system:serviceaccounts:{self.namespace}"]
+        review = client.V1SubjectAccessReview(
+            spec=client.V1SubjectAccessReviewSpec(
+                user=account,
+                groups=[*groups, "system:authenticated"],
+                resource_attributes=client.V1ResourceAttributes(
+                    group=group,
+                    resource=name,
+                    subresource=sub or None,
+                    verb=verb,
+                    namespace=namespace or "",
+                ),
+            )
+        )
+        answer = self.authorization.create_subject_access_review(review)
+        return bool(answer.status.allowed)
 
 
 @pytest.fixture
-def release(helm: Path, localenv: LocalEnv, namespace: str) -> Iterator[Release]:
-    rel = Release(helm, localenv, namespace)
+def release(helm: Path, localenv: LocalEnv, namespace: str, api_client: Any) -> Iterator[Release]:
+    rel = Release(helm, localenv, namespace, api_client)
     yield rel
     rel.uninstall()
 
