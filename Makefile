@@ -11,7 +11,7 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
 	layers verify test test-unit test-integration bench-tools bench-transfer bench-protocol clean \
 	lightning-env composer-env mindformers-env
-.PHONY: chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
+.PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
 CHART := charts/trainingrun
 # Images and the kind cluster of the kind-* targets (users with Docker and kind).
@@ -65,6 +65,9 @@ cluster-status: venv ## Show the local environment (nodes, namespaces, S3 endpoi
 
 demo: cluster ## The main job: a real TrainingRun preempted once, resumed from its checkpoint, finished
 	$(BIN)/python -m tests.demo
+
+podtemplate-schema: venv tools ## Regenerate the pod template's schema from the Kubernetes release hack/k8s/go.mod builds (then make crds)
+	$(BIN)/python hack/podtemplate_schema.py
 
 crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api.py
 	$(BIN)/python -m trainingrun.crd > crds/trainingrun.yaml

@@ -123,9 +123,7 @@ class Cluster:
 def set_up(node_count: int) -> Cluster:
     env = localenv.up()
     env.kubectl("apply", "-f", str(REPO / "crds" / "trainingrun.yaml"))
-    env.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingruns.trainingrun.dev"
-    )
+    env.wait_established("trainingruns.trainingrun.dev")
     api_client = config.new_client_from_config(config_file=env.kubeconfig)
     core = client.CoreV1Api(api_client)
     ns = f"bench-{uuid.uuid4().hex[:6]}"

@@ -100,9 +100,7 @@ def kwok_node(core_v1: Any) -> Iterator[Callable[..., str]]:
 @pytest.fixture(scope="session")
 def crd(localenv: localenv_mod.LocalEnv, api_client: Any) -> str:
     localenv.kubectl("apply", "-f", str(REPO / "crds" / "trainingrun.yaml"))
-    localenv.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingruns.trainingrun.dev"
-    )
+    localenv.wait_established("trainingruns.trainingrun.dev")
     custom = client.CustomObjectsApi(api_client)
 
     def served() -> bool:

@@ -116,9 +116,7 @@ def main() -> int:
     started = time.monotonic()
     env = localenv.up()
     env.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "trainingrun.yaml"))
-    env.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/trainingruns.trainingrun.dev"
-    )
+    env.wait_established("trainingruns.trainingrun.dev")
     localenv.start_operator(env)
     ensure_runner(env)
     api_client = config.new_client_from_config(config_file=env.kubeconfig)

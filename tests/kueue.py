@@ -303,8 +303,7 @@ def _install(env: LocalEnv, folder: Path, webhook: int, ca_pem: bytes) -> None:
     crds = _crds(folder, webhook, ca_pem)
     namespace = {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NAMESPACE}}
     _apply(env, [*crds, namespace, *_webhook_configurations(folder, webhook, ca_pem)])
-    names = [f"crd/{c['metadata']['name']}" for c in crds]
-    env.kubectl("wait", "--for=condition=Established", "--timeout=60s", *names)
+    env.wait_established(*(c["metadata"]["name"] for c in crds))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -104,6 +104,18 @@ class LocalEnv:
             raise RuntimeError(f"kubectl {' '.join(args)} failed: {proc.stderr.strip()}")
         return proc.stdout
 
+    def wait_established(self, *crds: str, timeout_s: float = 60) -> None:
+        """Waits until each CRD is Established. Polled, not ``kubectl wait``: that one fails at
+        once ("<nil> is of the type <nil>") when asked while a CRD just applied has no status
+        yet."""
+        deadline = time.monotonic() + timeout_s
+        path = '{.status.conditions[?(@.type=="Established")].status}'
+        for name in crds:
+            while self.kubectl_run("get", f"crd/{name}", "-o", f"jsonpath={path}").stdout != "True":
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"CRD {name} not Established after {timeout_s:.0f} s")
+                time.sleep(0.2)
+
     def kubectl_run(self, *args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
         """Runs the environment's kubectl; the caller reads returncode, stdout and stderr."""
         return subprocess.run(

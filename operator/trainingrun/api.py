@@ -257,9 +257,10 @@ class TrainingRunSpec(_Model):
 
     template: dict[str, Any] = Field(
         description=(
-            "Pod template of one attempt. It must have a container named 'trainer'; the operator "
-            "adds the restore init container, the sync sidecar, the checkpoint volume and the "
-            "TRAININGRUN_* environment."
+            "Pod template of one attempt (PodTemplateSpec, checked at apply). It must have a "
+            "container named 'trainer'; the operator adds the restore init container, the sync "
+            "sidecar, the checkpoint volume and the TRAININGRUN_* environment, and names starting "
+            "with 'trainingrun-' are kept for those."
         ),
     )
     replicas: int = Field(
@@ -377,6 +378,13 @@ class TrainingRunStatus(_Model):
     preemptions: int = Field(default=0, description="Preempted attempts so far.")
     consecutive_failures: int = Field(
         default=0, description="Failures in a row without a new committed checkpoint."
+    )
+    stalled_attempts: int = Field(
+        default=0,
+        description=(
+            "Attempts in a row, however they ended, with no new committed checkpoint: the next "
+            "attempt waits the backoff for this streak, so no ending can start pods in a loop."
+        ),
     )
     latest_checkpoint: CheckpointRef | None = Field(
         default=None,

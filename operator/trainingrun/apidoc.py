@@ -75,10 +75,24 @@ def _is_object(schema: dict[str, Any]) -> bool:
     return bool(schema.get("properties"))
 
 
+# Below here the schema is Kubernetes' own PodTemplateSpec (crd.py), documented by Kubernetes:
+# only the parts the operator describes (what it relies on) are listed.
+POD_TEMPLATE = "spec.template"
+
+
+def _fields(path: str, schema: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The properties of ``schema`` to document: all, but only the described ones inside the
+    pod template."""
+    props: dict[str, dict[str, Any]] = schema.get("properties") or {}
+    if path != POD_TEMPLATE and path.startswith(POD_TEMPLATE):
+        return {n: f for n, f in props.items() if f.get("description")}
+    return props
+
+
 def _objects(path: str, schema: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(path, schema) of every object with properties, depth first, parents before children."""
     yield path, schema
-    for name, field in (schema.get("properties") or {}).items():
+    for name, field in _fields(path, schema).items():
         if _is_object(field):
             yield from _objects(f"{path}.{name}", field)
         items = field.get("items") or {}
@@ -97,8 +111,15 @@ def _section(path: str, schema: dict[str, Any]) -> str:
     rules = _constraints({"x-kubernetes-validations": schema.get("x-kubernetes-validations", [])})
     lines += [f"- {r}" for r in rules] + ([""] if rules else [])
     required = set(schema.get("required") or [])
+    fields = _fields(path, schema)
+    if len(fields) < len(schema["properties"]):
+        lines += [
+            "The fields the operator relies on; every other field is Kubernetes' own "
+            "(`kubectl explain pod`), checked by the API server when the run is applied.",
+            "",
+        ]
     lines += ["| Field | Type | Default | Constraints | Description |", "|---|---|---|---|---|"]
-    for name, field in schema["properties"].items():
+    for name, field in fields.items():
         child = f"{path}.{name}"
         items = field.get("items") or {}
         if _is_object(field):

@@ -61,16 +61,15 @@ def _operator(args: argparse.Namespace) -> int:
     from trainingrun import handlers  # registers the handlers
 
     del handlers
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    _logging(args.verbose)
     if not args.verbose:  # kopf logs every handler call at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
     if args.metrics_port:
         from prometheus_client import REGISTRY, start_http_server
 
         start_http_server(args.metrics_port, args.metrics_address, registry=REGISTRY)
+    if args.leader_lease:
+        _lead(args.leader_lease, args.liveness or None)
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),
@@ -80,6 +79,14 @@ def _operator(args: argparse.Namespace) -> int:
         memo=kopf.Memo(settings=settings),
     )
     return 0
+
+
+def _lead(lease: str, liveness: str | None) -> None:
+    """Waits until this replica holds the Lease ``namespace/name`` (trainingrun.leader)."""
+    from trainingrun import kube, leader
+
+    namespace, _, name = lease.rpartition("/")
+    leader.lead(kube.load_config(pool_size=4), name, namespace or "default", liveness=liveness)
 
 
 class SettingsError(ValueError):
@@ -124,6 +131,7 @@ def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
         max_bytes_per_second=(
             _number(env, c.ENV_MAX_BANDWIDTH_MBPS, "0", minimum=0.1) * MiB if bandwidth else None
         ),
+        memory_budget=int(_number(env, c.ENV_MEMORY_BUDGET_MB, "256", minimum=5) * MiB),
     )
     client = make_client(
         endpoint=env.get(c.ENV_AWS_ENDPOINT_URL) or None,
@@ -148,16 +156,30 @@ def _serve_metrics(env: Mapping[str, str], registry: Any) -> None:
         )
 
 
-def _agent_logging(verbose: bool) -> None:
+# Client libraries whose DEBUG output holds whole requests and responses (a Secret's data, the
+# signed headers of every S3 call, every manifest): at WARNING even with --verbose.
+QUIET_LOGGERS = ("kubernetes", "urllib3", "botocore", "boto3", "s3transfer")
+
+
+def _logging(verbose: bool) -> None:
+    """The root logger at DEBUG with ``verbose``, else INFO; QUIET_LOGGERS at WARNING."""
     logging.basicConfig(
         level=logging.DEBUG if verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    for noisy in ("botocore", "boto3", "urllib3", "s3transfer", "watchdog"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name in QUIET_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def _agent_logging(verbose: bool) -> None:
+    _logging(verbose)
+    logging.getLogger("watchdog").setLevel(logging.WARNING)  # an event per file written
 
 
 def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
+    from trainingrun import stopsignal
+
+    stop = stopsignal.install()  # first: a SIGTERM during the slow start-up becomes a drain
     from trainingrun import sync, syncsupport
 
     _agent_logging(args.verbose)
@@ -177,6 +199,8 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
             attempt=int(_number(env, c.ENV_ATTEMPT, "0")),
             rank=int(_number(env, c.ENV_RANK, "0")),
             ranks=int(_number(env, c.ENV_RANKS, "1", minimum=1)),
+            access_denied_seconds=_number(env, c.ENV_ACCESS_DENIED_SECONDS, "300", minimum=1),
+            termination_log=Path(_env(env, c.ENV_TERMINATION_LOG, "/dev/termination-log")),
             **_layout(env),
         )
         if settings.rank >= settings.ranks:
@@ -190,7 +214,7 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
     os.nice(nice)  # the trainer comes first for CPU
     metrics = syncsupport.Metrics()
     _serve_metrics(env, metrics.registry)
-    return sync.main(store, settings, metrics)
+    return sync.main(store, settings, metrics, stop)
 
 
 def _layout(env: Mapping[str, str]) -> dict[str, Any]:
@@ -284,6 +308,13 @@ def main(argv: list[str] | None = None) -> int:
         "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
     )
     op.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")  # noqa: S104
+    op.add_argument(
+        "--leader-lease",
+        default="",
+        metavar="NAMESPACE/NAME",
+        help="run only while holding this coordination.k8s.io Lease (several replicas, one "
+        "acting; the others take over within about 12 s)",
+    )
     op.add_argument("-v", "--verbose", action="store_true")
     op.set_defaults(func=_operator)
 

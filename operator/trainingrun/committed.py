@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
+    CHECKPOINT_MANIFEST_MAX_BYTES,
     RUN_MANIFEST,
+    RUN_MANIFEST_MAX_BYTES,
     CheckpointManifest,
     FileEntry,
     ManifestEntry,
@@ -20,22 +22,36 @@ from trainingrun.manifest import (
     parse_checkpoint_manifest,
     parse_run_manifest,
     part_prefix,
+    too_large,
 )
 from trainingrun.protocol import merged_files
-from trainingrun.storage import Location, Store
+from trainingrun.storage import Location, Store, TooLarge
+
+
+def _read(store: Store, run: Location, what: str, cap: int) -> bytes | None:
+    """The bytes of the manifest ``what`` (relative to the run), None when it does not exist.
+    The store reads no more than its ``max_get_bytes``; the parsers hold each manifest to its
+    own cap. ManifestTooLarge, naming the object, when it is over the store's."""
+    try:
+        return store.get(run.key(what))
+    except TooLarge as e:
+        raise too_large(f"s3://{run.bucket}/{run.key(what)}", e.size, cap) from e
 
 
 def read_run_manifest(store: Store, run: Location) -> RunManifest | None:
-    """The run's manifest, None when there is none yet. Raises ManifestError."""
-    data = store.get(run.key(RUN_MANIFEST))
+    """The run's manifest, None when there is none yet. Raises ManifestError (ManifestTooLarge
+    past RUN_MANIFEST_MAX_BYTES or MAX_ENTRIES)."""
+    data = _read(store, run, RUN_MANIFEST, RUN_MANIFEST_MAX_BYTES)
     return parse_run_manifest(data) if data is not None else None
 
 
 def read_part(
     store: Store, run: Location, step: int, epoch: int, rank: int
 ) -> CheckpointManifest | None:
-    """One rank's part record, None when it is not there. Raises ManifestError."""
-    data = store.get(run.key(part_prefix(step, epoch, rank), CHECKPOINT_MANIFEST))
+    """One rank's part record, None when it is not there. Raises ManifestError
+    (ManifestTooLarge past CHECKPOINT_MANIFEST_MAX_BYTES or MAX_FILES)."""
+    what = part_prefix(step, epoch, rank) + CHECKPOINT_MANIFEST
+    data = _read(store, run, what, CHECKPOINT_MANIFEST_MAX_BYTES)
     return parse_checkpoint_manifest(data, step, epoch, rank) if data is not None else None
 
 

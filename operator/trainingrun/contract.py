@@ -25,6 +25,10 @@ PODINFO_ANNOTATIONS = "annotations"
 
 # -- labels and annotations -------------------------------------------------------------------
 
+# The operator's own key prefix (and its subdomains): the signals it reads back from a pod. The
+# pod builder drops every such key of the user's template, so a template cannot fake them.
+RESERVED_DOMAIN = "trainingrun.dev"
+
 LABEL_RUN = "trainingrun.dev/run"
 LABEL_ATTEMPT = "trainingrun.dev/attempt"
 LABEL_RANK = "trainingrun.dev/rank"  # the pod's rank in its attempt's gang (replicas > 1 only)
@@ -87,6 +91,10 @@ ENV_CHECKPOINT_PATTERN = "TRAININGRUN_CHECKPOINT_PATTERN"
 ENV_CHECKSUM = "TRAININGRUN_CHECKSUM"
 ENV_SYNC_NICE = "TRAININGRUN_SYNC_NICE"
 ENV_TERMINATION_LOG = "TRAININGRUN_TERMINATION_LOG"
+# The sidecar's bytes in flight (MiB), and how long it keeps trying on nothing but access
+# denied before it exits (the kubelet restarts it with the Secret's current keys).
+ENV_MEMORY_BUDGET_MB = "TRAININGRUN_MEMORY_BUDGET_MB"
+ENV_ACCESS_DENIED_SECONDS = "TRAININGRUN_ACCESS_DENIED_SECONDS"
 
 # The standard AWS variables the agents' S3 client reads; credentials by secretKeyRef only.
 ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"

@@ -290,14 +290,18 @@ class Kube:
             raise
 
     def get_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data, base64-decoded; None when it does not exist. Never logged."""
+        """The Secret's data, base64-decoded; None when it does not exist. Never logged: read
+        raw, as a preloaded response is logged whole by the client at DEBUG."""
         try:
-            secret = self.core.read_namespaced_secret(name, namespace)
+            secret = _json(
+                self.core.read_namespaced_secret(name, namespace, _preload_content=False)
+            )
         except ApiException as e:
             if e.status == 404:
                 return None
             raise
-        return {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
+        data = secret.get("data") or {}
+        return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
     # -- Events -----------------------------------------------------------------------------
 

@@ -37,12 +37,14 @@ class Creator(Protocol):
 
 @dataclass(frozen=True)
 class Launched:
-    """Rank 0's pod once every pod of the attempt exists; else when to try again, or why the
-    API server rejected a pod (the run fails with it)."""
+    """Rank 0's pod once every pod of the attempt exists; else when to try again and why
+    (``held``: a reason and message, already said in an Event), or why the API server rejected
+    a pod (the run fails with it)."""
 
     first: dict[str, Any] | None = None
     wait: float | None = None
     invalid: str | None = None
+    held: tuple[str, str] | None = None
 
 
 class Launcher:
@@ -72,8 +74,10 @@ class Launcher:
 
     def launch(self, run: dict[str, Any], ref: RunRef, pods: Sequence[dict[str, Any]]) -> Launched:
         """Creates ``pods`` (rank order) and, for a gang, its Service first."""
-        if len(pods) > 1 and not self._service(run, ref):
-            return Launched(wait=self._settings.resync_seconds)
+        if len(pods) > 1:
+            held = self._service(run, ref)
+            if held is not None:
+                return Launched(wait=self._settings.resync_seconds, held=held)
         first: dict[str, Any] | None = None
         for pod in pods:
             done = self._create(run, ref, pod)
@@ -90,35 +94,39 @@ class Launcher:
             # Quota, a terminating namespace, an admission webhook: not the spec's fault.
             log.warning("%s/%s: pod %s not created: %s", namespace, ref.name, what, e)
             self._events.post(run, "Warning", R.POD_FORBIDDEN, str(e))
-            return Launched(wait=self._settings.resync_seconds)
+            held = (R.POD_FORBIDDEN, f"pod {what} not created, retrying: {e}")
+            return Launched(wait=self._settings.resync_seconds, held=held)
         except Invalid as e:
             return Launched(invalid=f"pod rejected: {e}")
         if not fresh and not owned_by(created, ref.uid):
-            return Launched(wait=self._name_taken(run, ref, created, "pod", R.POD_NAME_TAKEN))
+            wait = self._name_taken(run, ref, created, "pod", R.POD_NAME_TAKEN)
+            held = (R.POD_NAME_TAKEN, name_taken_message(created, "pod"))
+            return Launched(wait=wait, held=held)
         if fresh:
             self._metrics.pods_created.inc()
         self._view.pods.put((namespace, what), created)
         return Launched(first=created)
 
-    def _service(self, run: dict[str, Any], ref: RunRef) -> bool:
-        """The gang's headless Service exists (created now, or before by this operator)."""
+    def _service(self, run: dict[str, Any], ref: RunRef) -> tuple[str, str] | None:
+        """None once the gang's headless Service exists (created now, or before by this
+        operator); else why not (a reason and message, said in an Event)."""
         key = (ref.namespace, ref.name)
         with self._lock:
             if self._service_of.get(key) == ref.uid:
-                return True
+                return None
         try:
             service, _ = self._api.create_service(build_service(ref))
         except (Forbidden, Invalid) as e:
             message = f"headless service {ref.name} not created, retrying: {e}"
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
             self._events.post(run, "Warning", R.POD_FORBIDDEN, message)
-            return False
+            return R.POD_FORBIDDEN, message
         if not owned_by(service, ref.uid):
             self._name_taken(run, ref, service, "service", R.SERVICE_NAME_TAKEN)
-            return False
+            return R.SERVICE_NAME_TAKEN, name_taken_message(service, "service")
         with self._lock:
             self._service_of[key] = ref.uid
-        return True
+        return None
 
     def _name_taken(
         self, run: dict[str, Any], ref: RunRef, obj: Mapping[str, Any], kind: str, reason: str

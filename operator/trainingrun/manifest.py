@@ -15,12 +15,18 @@ entries read as epoch 0 with one rank and keep that layout (``part_prefixes``).
 
 This module is pure: the models, parsing, validation, key layout and the choice of candidates,
 with no storage client.
+
+Every reader caps what it decodes (``ManifestTooLarge``): the operator reads every tenant's
+manifests, which anyone with write access to a bucket can make (a 23 MiB manifest.json once
+took 245 MiB of the operator's memory). File names reach Events and the CLI: they must be
+printable and at most ``MAX_NAME_BYTES`` long.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -31,8 +37,42 @@ CHECKPOINT_MANIFEST = "MANIFEST.json"
 CHECKPOINTS_DIR = "checkpoints"
 
 
+# Caps on what a reader takes. The sidecar writes about half a KiB per kept checkpoint to
+# manifest.json and about 150 bytes per file to a MANIFEST.json.
+RUN_MANIFEST_MAX_BYTES = 4 << 20
+CHECKPOINT_MANIFEST_MAX_BYTES = 8 << 20
+MAX_ENTRIES = 1000  # checkpoints in manifest.json: spec.checkpoint.keep is at most 1000
+MAX_FILES = 10_000  # files in one rank's part of a checkpoint
+MAX_NAME_BYTES = 255  # a file's path in a checkpoint, UTF-8
+# Decoded, a byte of JSON can take 25 bytes of memory (a list of {}), so before decoding the
+# values are counted (commas and brackets; those inside names count too, hence the room):
+# a file has 5, an entry about 13 and its layout's extra files.
+VALUES_PER_FILE, VALUES_PER_ENTRY = 8, 48
+
+
 class ManifestError(ValueError):
     """A manifest that cannot be trusted; the message names the problem and the fix."""
+
+
+class ManifestTooLarge(ManifestError):
+    """A manifest over a reader's cap (bytes, checkpoints listed, files of a part)."""
+
+
+def too_large(what: str, size: int | None, cap: int) -> ManifestTooLarge:
+    """The error for a manifest of ``size`` bytes (None: unknown) over ``cap``, with the fix."""
+    told = f"{size} bytes" if size is not None else "larger"
+    return ManifestTooLarge(f"{what} is {told}, over the cap of {cap} bytes: {_fix(what)}")
+
+
+def _fix(what: str) -> str:
+    """What to do about a manifest over its cap; ``what`` is its key or its name."""
+    if posixpath.basename(what) == RUN_MANIFEST:
+        return (
+            "the sync sidecar keeps it to about half a KiB per kept checkpoint (at most 1000), "
+            "so something else wrote it: put back a good copy (the bucket's object versions) "
+            "and find who writes to the run's prefix"
+        )
+    return "this checkpoint cannot be used; save fewer files per rank (larger shards)"
 
 
 class _Model(BaseModel):
@@ -65,9 +105,17 @@ def part_prefix(step: int, epoch: int, rank: int) -> str:
 
 
 def safe_relative_path(path: str) -> str:
-    """Returns ``path`` normalised, or raises when it could escape the checkpoint folder."""
+    """Returns ``path`` normalised, or raises when it could escape the checkpoint folder, is
+    not printable or is longer than MAX_NAME_BYTES."""
+    size = len(path.encode("utf-8", "surrogatepass"))
+    if size > MAX_NAME_BYTES:
+        raise ManifestError(
+            f"file name {path[:64]!r}... is {size} bytes, over {MAX_NAME_BYTES}: use a shorter one"
+        )
     if not path or "\\" in path or "\x00" in path:
         raise ManifestError(f"file name {path!r} is empty or has a backslash or NUL")
+    if not path.isprintable():  # control and format characters would garble logs and Events
+        raise ManifestError(f"file name {path!r} has a character that is not printable: rename it")
     if path.startswith("/"):
         raise ManifestError(f"file name {path!r} is absolute; names must be relative")
     parts = path.split("/")
@@ -193,7 +241,42 @@ class RunManifest(_Model):
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
 
-def _parse(model: type[_Model], data: bytes, what: str) -> Any:
+@dataclass(frozen=True)
+class _Caps:
+    """What one kind of manifest may hold: bytes, and items of its list ``field``."""
+
+    max_bytes: int
+    field: str
+    noun: str
+    max_items: int
+    values_per_item: int
+
+
+_RUN_CAPS = _Caps(RUN_MANIFEST_MAX_BYTES, "entries", "checkpoints", MAX_ENTRIES, VALUES_PER_ENTRY)
+_PART_CAPS = _Caps(CHECKPOINT_MANIFEST_MAX_BYTES, "files", "files", MAX_FILES, VALUES_PER_FILE)
+
+
+def _check_caps(data: bytes, what: str, caps: _Caps) -> None:
+    """ManifestTooLarge before decoding when ``data`` is over the byte cap, or holds more values
+    than ``max_items`` items can have; the exact count is checked once decoded."""
+    if len(data) > caps.max_bytes:
+        raise too_large(what, len(data), caps.max_bytes)
+    values = data.count(b",") + data.count(b"{") + data.count(b"[")
+    if values > caps.max_items * caps.values_per_item + 64:
+        raise _too_many(what, caps, None)
+
+
+def _too_many(what: str, caps: _Caps, count: int | None) -> ManifestTooLarge:
+    """The error for a manifest listing ``count`` items (None: too many values to decode)."""
+    if count is None:
+        listed = f"holds more JSON values than {caps.max_items} {caps.noun} can have"
+    else:
+        listed = f"lists {count} {caps.noun}, over the cap of {caps.max_items}"
+    return ManifestTooLarge(f"{what} {listed}: {_fix(what)}")
+
+
+def _parse(model: type[_Model], data: bytes, what: str, caps: _Caps) -> Any:
+    _check_caps(data, what, caps)
     try:
         raw = json.loads(data)
     # ValueError also covers integers past Python's digit limit; RecursionError, deep nesting.
@@ -209,6 +292,9 @@ def _parse(model: type[_Model], data: bytes, what: str) -> Any:
             f"{what} has version {version}, newer than the {MANIFEST_VERSION} this build reads: "
             "upgrade the operator and agent images"
         )
+    items = raw.get(caps.field)
+    if isinstance(items, list) and len(items) > caps.max_items:
+        raise _too_many(what, caps, len(items))
     try:
         return model.model_validate(raw)
     except ValidationError as e:
@@ -218,7 +304,7 @@ def _parse(model: type[_Model], data: bytes, what: str) -> Any:
 
 
 def parse_run_manifest(data: bytes) -> RunManifest:
-    manifest: RunManifest = _parse(RunManifest, data, RUN_MANIFEST)
+    manifest: RunManifest = _parse(RunManifest, data, RUN_MANIFEST, _RUN_CAPS)
     steps = [e.step for e in manifest.entries]
     if len(steps) != len(set(steps)):
         raise ManifestError(f"{RUN_MANIFEST} names a step twice: {sorted(steps)}")
@@ -243,7 +329,7 @@ def parse_checkpoint_manifest(
         what = part_prefix(step, epoch, rank) + CHECKPOINT_MANIFEST
     except ValueError as e:
         raise ManifestError(str(e)) from e
-    manifest: CheckpointManifest = _parse(CheckpointManifest, data, what)
+    manifest: CheckpointManifest = _parse(CheckpointManifest, data, what, _PART_CAPS)
     if (manifest.step, manifest.epoch, manifest.rank) != (step, epoch, rank):
         raise ManifestError(
             f"{what} says step {manifest.step}, epoch {manifest.epoch}, rank {manifest.rank}; "

@@ -46,6 +46,7 @@ from trainingrun.decide.reconcile import (
     started,
 )
 from trainingrun.decide.status import fail, is_finished
+from trainingrun.decide.waits import Wait, secret_wait, wait, wait_over
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
 from trainingrun.manifest import Layout, ManifestError
@@ -100,6 +101,7 @@ class Reconciler:
         self.old_pods = OldPods(api, self.view, events, metrics)
         self.launcher = Launcher(api, self.view, events, metrics, settings, monotonic)
         self.queues = Queues(api, monotonic)
+        self.writer = StatusWriter(api, self.view, events)
         self._now = now
         self._monotonic = monotonic
         self._memory: dict[tuple[str, str], RunMemory] = {}
@@ -158,7 +160,7 @@ class Reconciler:
         except ValidationError as e:
             err = e.errors()[0]
             where = "spec." + ".".join(str(p) for p in err["loc"])
-            self._fail(run, status, R.INVALID_SPEC, f"{where}: {err['msg']}", now)
+            self.writer.fail(run, status, R.INVALID_SPEC, f"{where}: {err['msg']}", now)
             return None
         ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
         self.notices.remember((namespace, name), spec)
@@ -191,8 +193,7 @@ class Reconciler:
         try:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except MissingSecret as e:
-            self._fail(run, status, R.MISSING_SECRET, str(e), now)
-            return None
+            return self._secret_wait(run, status, str(e), now)
         made = running if seen.latest is None else None
         obs = replace(obs, latest=seen.latest)
         p = made if made is not None else plan(obs)
@@ -206,7 +207,7 @@ class Reconciler:
         """Status first, then Events, then the pods; the next attempt's pod only after the
         status that records the attempt has landed. ``made``: the plan of ``obs``, if made."""
         p = made if made is not None else plan(obs)
-        self._write_status(ref.namespace, ref.name, run.get("status") or {}, p.status)
+        self.writer.write(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
         for pod in p.annotate:  # asked to save and stop for a hold (decide.hold)
@@ -252,7 +253,7 @@ class Reconciler:
         namespace, name = ref.namespace, ref.name
         problem = gang_name_problem(name, status.attempt, ref.spec.replicas)
         if problem is not None:
-            self._fail(run, status, R.INVALID_SPEC, problem, obs.now)
+            self.writer.fail(run, status, R.INVALID_SPEC, problem, obs.now)
             return None
         try:
             # The fence first: from here no older attempt can commit, so the choice below sees
@@ -260,8 +261,7 @@ class Reconciler:
             manifest, epoch = self.stores.take_fence(ref, status.attempt)
             choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
         except MissingSecret as e:
-            self._fail(run, status, R.MISSING_SECRET, str(e), obs.now)
-            return None
+            return self._secret_wait(run, status, str(e), obs.now)
         except StaleAttempt as e:
             log.warning("%s/%s: not starting attempt %d: %s", namespace, name, status.attempt, e)
             return self.settings.resync_seconds
@@ -269,14 +269,15 @@ class Reconciler:
             # Without the manifest the newest checkpoint is unknown; starting fresh would lose
             # work, and without the fence an old attempt could still commit: wait for the bucket.
             log.warning(
-                "%s/%s: cannot take the fence or choose a checkpoint, retrying: %s",
-                namespace,
-                name,
-                e,
+                "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, e
             )
-            message = f"cannot take the fence or read checkpoints in the bucket: {e}"
-            self.events.post(run, "Warning", R.STORAGE_UNAVAILABLE, message)
-            return self.settings.resync_seconds
+            why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
+            message = f"cannot take the fence or read checkpoints in the bucket, retrying: {e}"
+            return self.writer.wait(
+                run,
+                status,
+                wait(status, obs.generation, why, message, obs.now),
+            )
         for step, why in choice.rejected:
             message = f"checkpoint {step} not used: {why}"
             self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
@@ -292,15 +293,39 @@ class Reconciler:
         ]
         launched = self.launcher.launch(run, ref, pods)
         if launched.invalid is not None:
-            self._fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
+            self.writer.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
+        if launched.held is not None:  # said in an Event by the launcher already
+            why, message = launched.held
+            held = wait(status, obs.generation, why, message, obs.now)
+            self.writer.wait(run, status, replace(held, event=None))
         if launched.first is None:
             return launched.wait
         new, ev = started(status, obs, launched.first)
-        self._write_status(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
+        new = wait_over(new, obs.generation, obs.now)
+        self.writer.write(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
         self.events.post(run, ev.type, ev.reason, ev.message)
         return None
 
-    def _fail(
+    def _secret_wait(
+        self, run: dict[str, Any], status: TrainingRunStatus, message: str, now: datetime
+    ) -> float | None:
+        """The credentials Secret is missing at an attempt's start: wait for it to come back,
+        for ``secret_wait_seconds``, then fail the run."""
+        generation = int(run["metadata"].get("generation") or 0)
+        held = secret_wait(status, generation, message, now, self.settings.secret_wait_seconds)
+        if held is None:
+            self.writer.fail(run, status, R.MISSING_SECRET, message, now)
+            return None
+        return self.writer.wait(run, status, held)
+
+
+class StatusWriter:
+    """Writes a run's status (a merge patch, only when it changed) and posts its Events."""
+
+    def __init__(self, api: KubeApi, view: ClusterView, events: EventSink) -> None:
+        self.api, self.view, self.events = api, view, events
+
+    def fail(
         self,
         run: dict[str, Any],
         status: TrainingRunStatus,
@@ -312,10 +337,19 @@ class Reconciler:
         meta = run["metadata"]
         generation = int(meta.get("generation") or 0)
         new, event = fail(status, generation, reason, message, now)
-        self._write_status(meta["namespace"], meta["name"], run.get("status") or {}, new)
+        self.write(meta["namespace"], meta["name"], run.get("status") or {}, new)
         self.events.post(run, event.type, event.reason, event.message)
 
-    def _write_status(
+    def wait(self, run: dict[str, Any], status: TrainingRunStatus, held: Wait) -> float:
+        """Records why the next attempt's start waits; returns when to try again."""
+        meta = run["metadata"]
+        before = status.model_dump(by_alias=True, mode="json")
+        self.write(meta["namespace"], meta["name"], before, held.status)
+        if held.event is not None:
+            self.events.post(run, held.event.type, held.event.reason, held.event.message)
+        return held.retry_after
+
+    def write(
         self, namespace: str, name: str, before: Mapping[str, Any], after: TrainingRunStatus
     ) -> None:
         new = after.model_dump(by_alias=True, mode="json")

@@ -6,6 +6,8 @@ the first event. The chart sets these variables from its values (charts/training
 
 - TRAININGRUN_AGENT_IMAGE, TRAININGRUN_AGENT_PULL_POLICY: the image of the injected restore and
   sync containers (default: this release's agent image, IfNotPresent).
+- TRAININGRUN_AGENT_RESOURCES: their resources as JSON, ``{"requests": {..}, "limits": {..}}``
+  (default: requests cpu 100m, memory 128Mi; limits memory 512Mi).
 - TRAININGRUN_RESYNC_SECONDS (10): every run is looked at this often, even without events.
 - TRAININGRUN_CHECKPOINT_REFRESH_SECONDS (15): a running attempt's newest committed checkpoint
   is re-read this often.
@@ -15,15 +17,24 @@ the first event. The chart sets these variables from its values (charts/training
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import math
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
 from trainingrun.decide.pod import AgentSettings
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+RESOURCE_SECTIONS = ("requests", "limits")
+# A Kubernetes resource quantity (apimachinery's resource.Quantity): 100m, 512Mi, 1.5, 2e3.
+QUANTITY = re.compile(
+    r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?"
+)
 
 
 class ConfigurationError(ValueError):
@@ -43,6 +54,9 @@ class OperatorSettings:
     workers: int = 8
     # Credentials are re-read this often, so a rotated or newly created Secret is picked up.
     secret_ttl_seconds: float = 30.0
+    # How long an attempt's start waits for a missing credentials Secret (a rotation tool may
+    # delete and re-create it) before the run fails with MissingSecret.
+    secret_wait_seconds: float = 600.0
     # How soon the create of an attempt's pod is tried again while its name is taken by a pod
     # that is not the run's, and how often the PodNameTaken Event is repeated meanwhile.
     name_taken_retry_seconds: float = 5.0
@@ -66,6 +80,9 @@ class OperatorSettings:
             image=env.get("TRAININGRUN_AGENT_IMAGE") or AgentSettings.image,
             image_pull_policy=policy,
         )
+        resources = _resources(env, "TRAININGRUN_AGENT_RESOURCES")
+        if resources is not None:
+            agent = dataclasses.replace(agent, resources=resources)
         taints = env.get("TRAININGRUN_NOTICE_TAINTS", "")
         return cls(
             agent=agent,
@@ -75,6 +92,9 @@ class OperatorSettings:
             ),
             extra_notice_taints=tuple(t.strip() for t in taints.split(",") if t.strip()),
             workers=int(_number(env, "TRAININGRUN_WORKERS", cls.workers, minimum=1, whole=True)),
+            secret_wait_seconds=_number(
+                env, "TRAININGRUN_SECRET_WAIT_SECONDS", cls.secret_wait_seconds, minimum=0
+            ),
         )
 
 
@@ -98,3 +118,33 @@ def _number(
 def _seconds(env: Mapping[str, str], name: str, default: float) -> float:
     # Below 0.1 s a resync or refresh would spin the operator on its own timer.
     return _number(env, name, default, minimum=0.1)
+
+
+def _resources(env: Mapping[str, str], name: str) -> dict[str, Any] | None:
+    """The agents' resources, checked here: a bad quantity would otherwise fail the create of
+    every attempt's pod. None: not set (the default)."""
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = json.loads(raw)
+    except ValueError as e:
+        raise ConfigurationError(f"{name} is not JSON ({e})") from None
+    if not isinstance(value, dict) or set(value) - set(RESOURCE_SECTIONS):
+        raise ConfigurationError(
+            f"{name}={raw!r} must be a JSON object with only {' and '.join(RESOURCE_SECTIONS)}"
+        )
+    resources: dict[str, Any] = {}
+    for section, quantities in value.items():
+        if not isinstance(quantities, dict):
+            raise ConfigurationError(f"{name}: {section} must be an object, got {quantities!r}")
+        resources[section] = {}
+        for resource, quantity in quantities.items():
+            text = str(quantity)
+            if isinstance(quantity, bool) or not QUANTITY.fullmatch(text):
+                raise ConfigurationError(
+                    f"{name}: {section}.{resource}={quantity!r} is not a Kubernetes quantity "
+                    "(e.g. 100m, 512Mi)"
+                )
+            resources[section][resource] = text
+    return resources

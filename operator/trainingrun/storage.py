@@ -4,10 +4,15 @@ decides in one place what 404, 412, 429 and 5xx mean.
 - 404 / NoSuchKey: ``None`` from the reads (``KeyNotFound`` where absence is an error);
   NoSuchBucket: ``BucketNotFound``, raised by the reads too (a missing bucket is a setup error).
 - 412 PreconditionFailed: ``PreconditionFailed`` (a create-only or compare-and-swap lost).
-- 429, 5xx, connection errors: retried by botocore's adaptive mode with jittered backoff, then
-  ``StorageUnavailable``.
+- 429, 5xx, timeouts, connection errors: retried with jittered backoff within the client's
+  ``CallBudget``, then ``StorageUnavailable``.
 - 403 / credentials: ``StorageAccessDenied`` naming the bucket and the fix.
 - 400 BadDigest: ``ChecksumMismatch`` (bytes changed on the way); other 4xx: ``StorageRejected``.
+- An object ``get`` or ``get_with_etag`` would read past ``Store.max_get_bytes``: ``TooLarge``,
+  with no more than that many bytes read (they read JSON records; data goes by ``read_range``).
+
+How long a call may take is the client's ``CallBudget``: the agents' is patient (a sidecar
+rides out an endpoint's bad minutes), the operator's is short (its workers serve every run).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import boto3
 import botocore.exceptions
@@ -47,6 +52,17 @@ class ChecksumMismatch(StorageError):
 
 class StorageRejected(StorageError):
     """A 4xx other than 403/404/412/429: the request itself is wrong for this endpoint."""
+
+
+class TooLarge(StorageError):
+    """An object is larger than the reader takes; ``size`` is None when the endpoint did not
+    say (the read stopped at ``cap`` + 1 bytes)."""
+
+    def __init__(self, where: str, size: int | None, cap: int) -> None:
+        told = f"is {size} bytes" if size is not None else "is larger"
+        super().__init__(f"{where} {told}, over the {cap} bytes this read takes")
+        self.size = size
+        self.cap = cap
 
 
 class NotFound(StorageError):
@@ -110,18 +126,42 @@ def secret_credentials(namespace: str, name: str, data: Mapping[str, str] | None
         raise CredentialsSecretError(f"Secret {namespace}/{name} has no key {e.args[0]}") from None
 
 
+@dataclass(frozen=True)
+class CallBudget:
+    """How long one S3 call may take: ``attempts`` (the first one included) times the timeouts,
+    plus botocore's jittered backoff between them. The read timeout bounds each wait for bytes."""
+
+    attempts: int
+    connect_timeout: float
+    read_timeout: float
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+
+
+# The sync sidecar, the restore and the user commands: one caller, one endpoint; riding out a
+# throttling or failing-over endpoint (8 retries, ~9 minutes at worst) beats failing a checkpoint.
+PATIENT_BUDGET = CallBudget(attempts=9, connect_timeout=5, read_timeout=60, retry_mode="adaptive")
+# The operator: a handful of workers serve every run of every tenant, so a call to an endpoint
+# that does not answer gives up within ~20 s (~30 s at worst) and the pass is retried later.
+# "standard", not "adaptive": adaptive's client-side rate limiter can sleep in the worker.
+OPERATOR_BUDGET = CallBudget(attempts=2, connect_timeout=5, read_timeout=10)
+# ``get`` reads JSON records, the manifests (trainingrun.manifest caps them at 4 and 8 MiB);
+# a larger object there is not one, and is refused before it is loaded.
+MAX_GET_BYTES = 8 << 20
+
+
 def make_client(
     endpoint: str | None = None,
     region: str | None = None,
     credentials: Credentials | None = None,
     max_pool_connections: int = 16,
+    budget: CallBudget = PATIENT_BUDGET,
 ) -> Any:
     """A boto3 S3 client. Without ``credentials`` the standard AWS chain applies (env, web
     identity / IRSA, instance profile), refreshing as they expire."""
     config = Config(
-        retries={"mode": "adaptive", "max_attempts": 8},
-        connect_timeout=5,
-        read_timeout=60,
+        retries={"mode": budget.retry_mode, "total_max_attempts": budget.attempts},
+        connect_timeout=budget.connect_timeout,
+        read_timeout=budget.read_timeout,
         max_pool_connections=max_pool_connections,
         # boto3 >= 1.36 adds CRC checksums to every request by default; several S3-compatible
         # stores reject them. Send them only where the API requires them; callers that want a
@@ -147,18 +187,21 @@ def make_client(
     return boto3.client("s3", **kwargs)
 
 
-def open_store(storage: StorageSpec, credentials: Credentials | None) -> Store:
+def open_store(
+    storage: StorageSpec, credentials: Credentials | None, budget: CallBudget = PATIENT_BUDGET
+) -> Store:
     """The store of a run's bucket, with the run's endpoint and region."""
-    client = make_client(storage.endpoint, storage.region, credentials)
+    client = make_client(storage.endpoint, storage.region, credentials, budget=budget)
     return Store(client, parse_uri(storage.uri).bucket)
 
 
 class Store:
     """S3 calls for one bucket."""
 
-    def __init__(self, client: Any, bucket: str) -> None:
+    def __init__(self, client: Any, bucket: str, max_get_bytes: int = MAX_GET_BYTES) -> None:
         self.client = client
         self.bucket = bucket
+        self.max_get_bytes = max_get_bytes
 
     def _translate(self, err: Exception, key: str) -> StorageError:
         where = f"s3://{self.bucket}/{key}"
@@ -197,25 +240,40 @@ class Store:
         raise err
 
     def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist."""
-        try:
-            body: bytes = self.client.get_object(Bucket=self.bucket, Key=key)["Body"].read()
-        except Exception as e:
-            err = self._translate(e, key)
-            if isinstance(err, KeyNotFound):
-                return None
-            raise err from e
-        return body
+        """The object's bytes, or None when it does not exist. TooLarge past max_get_bytes."""
+        got = self._get(key)
+        return got[0] if got is not None else None
 
     def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        """(bytes, ETag), or None when the object does not exist. TooLarge past max_get_bytes."""
+        got = self._get(key)
+        return (got[0], str(got[1]["ETag"])) if got is not None else None
+
+    def _get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key)
-            return resp["Body"].read(), str(resp["ETag"])
+            return self._capped(resp, key), resp
+        except TooLarge:
+            raise
         except Exception as e:
             err = self._translate(e, key)
             if isinstance(err, KeyNotFound):
                 return None
             raise err from e
+
+    def _capped(self, resp: dict[str, Any], key: str) -> bytes:
+        """The body of a GET, refused unread when its length is over the cap, and read no
+        further than one byte past it when the endpoint did not tell the length (or lied)."""
+        body, cap = resp["Body"], self.max_get_bytes
+        told = resp.get("ContentLength")
+        if told is not None and int(told) > cap:
+            body.close()  # the connection is dropped rather than drained
+            raise TooLarge(f"s3://{self.bucket}/{key}", int(told), cap)
+        data: bytes = body.read(cap + 1)
+        if len(data) > cap:
+            body.close()
+            raise TooLarge(f"s3://{self.bucket}/{key}", None, cap)
+        return data
 
     def put(
         self,

@@ -3,16 +3,24 @@ the run's credentials Secret re-read at most once per TTL, and the two reads a p
 run manifest (its newest committed checkpoint) and the choice of the checkpoint to resume from.
 The operator writes one thing to the bucket: the fence in ``manifest.json``, taken for an
 attempt before its pod exists (``take_fence``); the sync sidecars write the rest.
+
+A few workers serve every tenant's runs, so no endpoint may hold them: the operator's clients
+have a short budget (``storage.OPERATOR_BUDGET``), at most ``max_in_flight`` calls go to one
+custom endpoint at a time (one more fails at once with ``EndpointBusy`` rather than wait), and
+the clients kept are the ``max_stores`` used last (each holds ~0.4 MiB).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from trainingrun.api import CheckpointRef, StorageSpec
 from trainingrun.commit import take_fence
@@ -20,8 +28,10 @@ from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.manifest import RunManifest
 from trainingrun.storage import (
+    OPERATOR_BUDGET,
     Credentials,
     CredentialsSecretError,
+    StorageUnavailable,
     Store,
     open_store,
     parse_uri,
@@ -39,10 +49,78 @@ class Checkpoints:
 
 
 OpenStore = Callable[[StorageSpec, Credentials | None], Store]
+StoreKey = tuple[str | None, str | None, str, str]  # endpoint, region, credentials' hash, bucket
+
+
+def open_operator_store(storage: StorageSpec, credentials: Credentials | None) -> Store:
+    """``storage.open_store`` with the operator's short budget: a call gives up within ~20 s."""
+    return open_store(storage, credentials, OPERATOR_BUDGET)
 
 
 class MissingSecret(Exception):
     """The credentials Secret a run names does not exist or lacks a key."""
+
+
+class EndpointBusy(StorageUnavailable):
+    """Every slot of the run's endpoint is taken by calls still waiting for it to answer."""
+
+
+def endpoint_of(storage: StorageSpec) -> str:
+    """The endpoint a run's calls go to: its URL's scheme, host and port (lowercase; without a
+    user or password, as it appears in messages), or AWS S3 of the run's region."""
+    if not storage.endpoint:
+        return f"AWS S3 ({storage.region or 'default region'})"
+    url = urlsplit(storage.endpoint.strip().lower())
+    try:
+        port = f":{url.port}" if url.port else ""
+    except ValueError:  # not a number: botocore refuses the URL anyway
+        port = ""
+    return f"{url.scheme}://{url.hostname or ''}{port}"
+
+
+# How long a missing credentials Secret is taken as missing before it is read again.
+ABSENT_SECRET_TTL_SECONDS = 5.0
+
+
+def limited(storage: StorageSpec) -> str | None:
+    """The endpoint whose calls are limited: a custom one. AWS S3 itself, shared by every
+    tenant on it and not one that stops answering, is not (a burst of starts would find its
+    slots taken)."""
+    return endpoint_of(storage) if storage.endpoint else None
+
+
+class EndpointSlots:
+    """At most ``limit`` calls in flight to one endpoint; a call that finds no free slot fails at
+    once: a worker never waits on another tenant's slow endpoint."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._busy: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def hold(self, endpoint: str | None) -> Iterator[None]:
+        """A slot of ``endpoint`` for the body of the ``with`` (None: no limit). Raises
+        EndpointBusy."""
+        if endpoint is None:
+            yield
+            return
+        with self._lock:
+            busy = self._busy.get(endpoint, 0)
+            if busy >= self.limit:
+                raise EndpointBusy(
+                    f"endpoint {endpoint} is busy or slow: {busy} calls to it are still waiting "
+                    "for an answer; the call is tried again on a later pass (if this lasts, "
+                    "check the endpoint's health and latency)"
+                )
+            self._busy[endpoint] = busy + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._busy[endpoint] -= 1
+                if not self._busy[endpoint]:
+                    del self._busy[endpoint]
 
 
 class SecretReader(Protocol):
@@ -56,16 +134,21 @@ class RunStores:
         self,
         secrets: SecretReader,
         secret_ttl_seconds: float,
-        open_store: OpenStore = open_store,
+        open_store: OpenStore = open_operator_store,
         monotonic: Callable[[], float] = time.monotonic,
+        max_stores: int = 128,
+        max_in_flight: int = 4,
     ) -> None:
         self._secrets = secrets
         self._ttl = secret_ttl_seconds
         self._open = open_store
         self._monotonic = monotonic
         self._secret_cache: dict[tuple[str, str], tuple[float, dict[str, str] | None]] = {}
-        self._stores: dict[tuple[str | None, str | None, str, str], Store] = {}
-        self._lock = threading.Lock()
+        self._stores: OrderedDict[StoreKey, Store] = OrderedDict()  # least recently used first
+        self._max_stores = max_stores
+        self._stores_lock = threading.Lock()  # the dict: held for a lookup or an insert
+        self._open_lock = threading.Lock()  # making a client
+        self.slots = EndpointSlots(max_in_flight)
 
     def store_for(self, namespace: str, storage: StorageSpec) -> Store:
         """The store of a run's bucket with the run's own credentials. Raises MissingSecret."""
@@ -82,24 +165,43 @@ class RunStores:
             else ""
         )
         key = (storage.endpoint, storage.region, fingerprint, parse_uri(storage.uri).bucket)
-        store = self._stores.get(key)
+        store = self._cached(key)
         if store is None:
             # One at a time: botocore loads and parses the S3 service model for the first client
             # (~15 MB), and workers that all start at once would each load their own copy
             # (~90 MB more peak RSS with 8 workers).
-            with self._lock:
-                store = self._stores.get(key)
+            with self._open_lock:
+                store = self._cached(key)
                 if store is None:
-                    store = self._stores[key] = self._open(storage, creds)
+                    store = self._open(storage, creds)
+                    self._keep(key, store)
         return store
+
+    def _cached(self, key: StoreKey) -> Store | None:
+        with self._stores_lock:
+            store = self._stores.get(key)
+            if store is not None:
+                self._stores.move_to_end(key)
+            return store
+
+    def _keep(self, key: StoreKey, store: Store) -> None:
+        """Caches ``store``, dropping the least recently used past ``max_stores`` (a run still
+        using a dropped one finishes its call; its next pass makes a new client)."""
+        with self._stores_lock:
+            self._stores[key] = store
+            while len(self._stores) > self._max_stores:
+                self._stores.popitem(last=False)
 
     def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
         """The Secret's data, read at most once per TTL per Secret: every pass needs the
-        credentials, and reading them each time loads the API server."""
+        credentials, and reading them each time loads the API server. Its absence is trusted
+        for ``ABSENT_SECRET_TTL_SECONDS`` only: a start waits for it (decide.waits), and goes on
+        soon after it is created again."""
         key = (namespace, name)
         now = self._monotonic()
         cached = self._secret_cache.get(key)
-        if cached and now - cached[0] < self._ttl:
+        ttl = self._ttl if cached and cached[1] is not None else ABSENT_SECRET_TTL_SECONDS
+        if cached and now - cached[0] < min(ttl, self._ttl):
             return cached[1]
         data = self._secrets.get_secret_data(namespace, name)
         self._secret_cache[key] = (now, data)
@@ -107,9 +209,11 @@ class RunStores:
 
     def read_manifest(self, ref: RunRef) -> RunManifest | None:
         """The run's manifest; None when nothing was committed yet. Raises MissingSecret,
-        StorageError, ManifestError."""
-        store = self.store_for(ref.namespace, ref.spec.checkpoint.storage)
-        return read_run_manifest(store, parse_uri(run_prefix(ref)))
+        StorageError (EndpointBusy), ManifestError."""
+        storage = ref.spec.checkpoint.storage
+        store = self.store_for(ref.namespace, storage)
+        with self.slots.hold(limited(storage)):
+            return read_run_manifest(store, parse_uri(run_prefix(ref)))
 
     def checkpoints(self, ref: RunRef) -> Checkpoints:
         """The run's manifest and its newest committed checkpoint. Raises as read_manifest."""
@@ -125,11 +229,16 @@ class RunStores:
 
     def take_fence(self, ref: RunRef, attempt: int) -> tuple[RunManifest, int]:
         """Takes the run's fence for ``attempt``: (the manifest as written, the attempt's
-        epoch). Raises MissingSecret, StaleAttempt, StorageError, ManifestError."""
-        store = self.store_for(ref.namespace, ref.spec.checkpoint.storage)
-        return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt)
+        epoch). Raises MissingSecret, StaleAttempt, StorageError (EndpointBusy), ManifestError."""
+        storage = ref.spec.checkpoint.storage
+        store = self.store_for(ref.namespace, storage)
+        with self.slots.hold(limited(storage)):
+            return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt)
 
     def choose(self, ref: RunRef, bad: set[int], manifest: RunManifest | None) -> Choice:
-        """The newest committed checkpoint that verifies, given the manifest just read."""
-        store = self.store_for(ref.namespace, ref.spec.checkpoint.storage)
-        return choose_checkpoint(store, parse_uri(run_prefix(ref)), bad, manifest)
+        """The newest committed checkpoint that verifies, given the manifest just read. Raises
+        as take_fence."""
+        storage = ref.spec.checkpoint.storage
+        store = self.store_for(ref.namespace, storage)
+        with self.slots.hold(limited(storage)):
+            return choose_checkpoint(store, parse_uri(run_prefix(ref)), bad, manifest)

@@ -13,8 +13,11 @@ sees a newer epoch hold the fence it stops uploading for good.
 
 On SIGTERM (the trainer has exited: a native sidecar stops last) it uploads and commits the
 newest complete checkpoint within ``TRAININGRUN_DRAIN_SECONDS``, aborts what it could not
-finish, and exits 0. A preemption notice in the pod's annotations (downward API file) becomes a
-"save now" request to the trainer integration. Faults (endpoint down, a file that changed) are
+finish, and exits 0; also when SIGTERM comes during its start-up (``trainingrun.stopsignal``).
+After ``access_denied_seconds`` of nothing but access denied (credentials rotated or revoked) it
+exits 1 with a termination message, so that the kubelet restarts it with the Secret read again.
+A preemption notice in the pod's annotations (downward API file) becomes a "save now" request to
+the trainer integration. Faults (endpoint down, a file that changed) are
 retried with jittered backoff; nothing unverified is ever committed. The sidecar's Prometheus
 metrics are here too.
 """
@@ -23,15 +26,12 @@ from __future__ import annotations
 
 import logging
 import random
-import signal
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
-from pathlib import Path
 from types import FrameType
 
-from trainingrun import layouts, local
+from trainingrun import local, stopsignal
 from trainingrun.commit import (
     Capabilities,
     Committer,
@@ -40,7 +40,7 @@ from trainingrun.commit import (
     take_fence,
     verify_uploaded,
 )
-from trainingrun.contract import now_rfc3339_micro
+from trainingrun.contract import EXIT_ERROR, now_rfc3339_micro
 from trainingrun.local import LocalCheckpoint, survey
 from trainingrun.manifest import (
     MANIFEST_VERSION,
@@ -52,21 +52,18 @@ from trainingrun.manifest import (
     worth_uploading,
 )
 from trainingrun.protocol import Fenced, StaleAttempt
-from trainingrun.storage import (
-    Location,
-    NotFound,
-    StorageAccessDenied,
-    StorageError,
-    StorageRejected,
-    Store,
-)
+from trainingrun.storage import StorageError, Store
 from trainingrun.syncsupport import (
+    PERMANENT,
+    AccessDeniedWatch,
     LayoutReport,
     Metrics,
     NoticeRelay,
+    SyncSettings,
     describe,
     layout_of,
     publish_progress,
+    report_failure,
     watch,
 )
 from trainingrun.transfer import (
@@ -74,40 +71,13 @@ from trainingrun.transfer import (
     FileChanged,
     Progress,
     Transfer,
-    TransferSettings,
     VerificationFailed,
     format_bytes,
 )
 
 log = logging.getLogger("trainingrun.sync")
 
-# Failures that retrying does not fix; the loop still retries them slowly (someone may fix the
-# bucket or the Secret), but a drain does not wait for them.
-PERMANENT = (StorageAccessDenied, NotFound, StorageRejected, ManifestError)
-
-
-@dataclass(frozen=True)
-class SyncSettings:
-    checkpoint_dir: Path
-    run: Location
-    keep: int = 3
-    quiet_seconds: float = 10.0
-    poll_seconds: float = 2.0
-    settle_seconds: float = 0.5
-    drain_seconds: float = 60.0
-    checksum: str = "auto"
-    transfer: TransferSettings = field(default_factory=TransferSettings)
-    podinfo_dir: Path | None = None
-    max_backoff_seconds: float = 30.0
-    # The fence this attempt holds (the operator takes it before the pod exists); None: take
-    # one at start, for a sync run by hand.
-    epoch: int | None = None
-    attempt: int = 0
-    rank: int = 0
-    ranks: int = 1
-    # The checkpoint layout (trainingrun.layouts): auto, a format's name, or pattern.
-    format: str = layouts.AUTO
-    pattern: layouts.Pattern | None = None
+__all__ = ["Sync", "SyncSettings", "main"]  # SyncSettings lives in syncsupport
 
 
 class Sync:
@@ -128,6 +98,7 @@ class Sync:
         self.layouts = LayoutReport(settings.checkpoint_dir, self.metrics)
         self.notice = NoticeRelay(settings.podinfo_dir, settings.checkpoint_dir, self.metrics)
         self.transfer = Transfer(store, settings.transfer)
+        self.denied = AccessDeniedWatch(settings.access_denied_seconds)
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -190,13 +161,18 @@ class Sync:
                 publish_progress(self.s.checkpoint_dir, self.metrics)
                 self.sync_once(trainer_gone=False)
                 backoff = 1.0
+                self.denied.clear()
                 if self.fenced is not None:
                     self.stopping.wait()  # nothing more to do here until the pod stops
                 self.wait_for_changes()
             # OSError: the local folder (a file removed or unreadable mid-scan); a later pass
             # sees it as it settled.
             except (StorageError, ManifestError, FileChanged, VerificationFailed, OSError) as e:
-                self._failed(e)
+                report_failure(e, self.metrics)
+                if self.denied.expired(e):  # the trainer is unprotected: a restart may help
+                    self.denied.give_up(e, self.s.termination_log)
+                    self.transfer.close()
+                    return EXIT_ERROR
                 self.stopping.wait(backoff * random.uniform(0.5, 1.0))  # noqa: S311
                 backoff = min(backoff * 2, self.s.max_backoff_seconds)
             except (Fenced, StaleAttempt) as e:  # from start()
@@ -237,7 +213,7 @@ class Sync:
                 except Cancelled:
                     break
                 except (StorageError, ManifestError, FileChanged, VerificationFailed, OSError) as e:
-                    self._failed(e)
+                    report_failure(e, self.metrics)
                     if isinstance(e, PERMANENT):
                         break  # waiting out the grace period would not change it
                     time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
@@ -254,12 +230,6 @@ class Sync:
             self.committed[-1] if self.committed else "none",
         )
         return 0
-
-    def _failed(self, e: BaseException) -> None:
-        reason = type(e).__name__
-        self.metrics.failures.labels(reason).inc()
-        hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
-        log.error("sync: %s: %s%s; retrying", reason, e, hint)
 
     # -- one pass -------------------------------------------------------------------------
 
@@ -401,9 +371,17 @@ def sweep(
         )
 
 
-def main(store: Store, settings: SyncSettings, metrics: Metrics) -> int:
+def main(
+    store: Store,
+    settings: SyncSettings,
+    metrics: Metrics,
+    stop: stopsignal.StopRequest | None = None,
+) -> int:
+    """The sidecar; ``stop``: the SIGTERM handler its command installed first thing (else it is
+    installed here). A SIGTERM already received makes the run a drain once started."""
+    stop = stop or stopsignal.install()
     sync = Sync(store, settings, metrics)
-    signal.signal(signal.SIGTERM, sync.on_sigterm)
+    stop.attach(sync.on_sigterm)
     try:
         # The sidecar starts before the trainer: the control folder it creates is one the
         # trainer can write progress into and the sidecar a save request, whatever their users.

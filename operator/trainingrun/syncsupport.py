@@ -1,12 +1,16 @@
-"""The sync sidecar's surroundings: its Prometheus metrics, the watch on the checkpoint folder,
-the downward API file the preemption notice arrives in, and its report of the checkpoint formats
-it recognises."""
+"""The sync sidecar's surroundings: its settings, its Prometheus metrics and failure log lines,
+the watch on the checkpoint folder, the downward API file the preemption notice arrives in, its
+report of the checkpoint formats it recognises, and its watch on access denied (credentials
+rotated or revoked) with the termination message that says so."""
 
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -14,12 +18,47 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
-from trainingrun import local
+from trainingrun import layouts, local
 from trainingrun.contract import ANNOTATION_NOTICE
 from trainingrun.local import LocalCheckpoint, Survey
-from trainingrun.manifest import Layout
+from trainingrun.manifest import Layout, ManifestError
+from trainingrun.storage import Location, NotFound, StorageAccessDenied, StorageRejected
+from trainingrun.transfer import TransferSettings
 
 log = logging.getLogger("trainingrun.sync")
+
+# Failures that retrying does not fix; the loop still retries them slowly (someone may fix the
+# bucket or the Secret), but a drain does not wait for them.
+PERMANENT = (StorageAccessDenied, NotFound, StorageRejected, ManifestError)
+
+
+@dataclass(frozen=True)
+class SyncSettings:
+    """The sidecar's settings (``trainingrun sync`` reads them from its environment)."""
+
+    checkpoint_dir: Path
+    run: Location
+    keep: int = 3
+    quiet_seconds: float = 10.0
+    poll_seconds: float = 2.0
+    settle_seconds: float = 0.5
+    drain_seconds: float = 60.0
+    checksum: str = "auto"
+    transfer: TransferSettings = field(default_factory=TransferSettings)
+    podinfo_dir: Path | None = None
+    max_backoff_seconds: float = 30.0
+    # The fence this attempt holds (the operator takes it before the pod exists); None: take
+    # one at start, for a sync run by hand.
+    epoch: int | None = None
+    attempt: int = 0
+    rank: int = 0
+    ranks: int = 1
+    # The checkpoint layout (trainingrun.layouts): auto, a format's name, or pattern.
+    format: str = layouts.AUTO
+    pattern: layouts.Pattern | None = None
+    # Nothing but access denied this long: exit for a restart that reads the credentials again.
+    access_denied_seconds: float = 300.0
+    termination_log: Path | None = Path("/dev/termination-log")
 
 
 class Metrics:
@@ -210,3 +249,62 @@ def layout_of(ckpt: LocalCheckpoint) -> Layout | None:
     if f.format == "hf":
         return None
     return Layout(format=f.format, base=f.base, resume=f.resume, extras=dict(f.extras))
+
+
+# The start of the sidecar's termination message when it gives up on access denied; the operator
+# reads it from the container's last state (docs/operations.md).
+ACCESS_DENIED_MESSAGE = "checkpoints are not being committed: access denied"
+
+
+class AccessDeniedWatch:
+    """How long the sidecar has seen nothing but access denied. Its credentials are environment
+    variables fixed when it started: once a Secret is rotated, or a key revoked, only a restart
+    reads them again, so after ``limit`` seconds of nothing else the sidecar exits and lets the
+    kubelet restart it (a native sidecar is restarted whatever its exit code)."""
+
+    def __init__(self, limit: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.limit = limit
+        self.clock = clock
+        self.since: float | None = None
+
+    def clear(self) -> None:
+        """Anything but access denied: a pass that worked, or another failure."""
+        self.since = None
+
+    def expired(self, error: BaseException) -> bool:
+        """Notes one failure; True once access denied has lasted ``limit`` seconds."""
+        if not isinstance(error, StorageAccessDenied):
+            self.clear()
+            return False
+        now = self.clock()
+        if self.since is None:
+            self.since = now
+        return now - self.since >= self.limit
+
+    def give_up(self, error: BaseException, termination_log: Path | None) -> None:
+        """Says so where the operator sees it: the log and the termination message."""
+        message = (
+            f"{ACCESS_DENIED_MESSAGE} for {self.limit:.0f} s ({error}); exiting so that the "
+            "sidecar restarts with the credentials Secret read again"
+        )
+        log.error("%s", message)
+        write_termination_message(termination_log, message)
+
+
+def write_termination_message(path: Path | None, message: str) -> None:
+    """The container's termination message (its ``terminationMessagePath``), which the kubelet
+    puts in the container's status for the operator to read."""
+    if path is None:
+        return
+    try:
+        path.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
+    except OSError as e:
+        log.warning("could not write the termination message to %s: %s", path, e)
+
+
+def report_failure(e: BaseException, metrics: Metrics) -> None:
+    """One failed pass: counted by reason and logged, saying when waiting will not help."""
+    reason = type(e).__name__
+    metrics.failures.labels(reason).inc()
+    hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
+    log.error("sync: %s: %s%s; retrying", reason, e, hint)

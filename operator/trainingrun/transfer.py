@@ -3,9 +3,11 @@
 Upload: a file up to ``multipart_threshold`` is one checksummed PUT; a larger one is a multipart
 upload whose parts are read (``pread``), checksummed and sent by a pool of workers, each part
 checked by the endpoint, and the whole object checked again at completion with the combined
-full-object checksum. Download: parallel ranged GETs written in place (``pwrite``), each range
-checksummed as it lands and combined, so no file is read twice. SHA256 (for endpoints without
-CRC support) cannot be combined and costs one extra sequential read.
+full-object checksum. Memory is a byte budget shared by every worker, not a count of parts: as
+parts grow (the 10,000-part limit), fewer are in flight, and parts too large to hold are streamed
+from the file (``trainingrun.parts``). Download: parallel ranged GETs written in place
+(``pwrite``), each range checksummed as it lands and combined, so no file is read twice. SHA256
+(for endpoints without CRC support) cannot be combined and costs one extra sequential read.
 """
 
 from __future__ import annotations
@@ -17,15 +19,24 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from trainingrun.checksum import Algorithm, digest, file_digest
+from trainingrun.parts import (
+    MIN_PARALLEL,
+    STREAM_BLOCK,
+    ByteBudget,
+    PartPlan,
+    PartReader,
+    plan_parts,
+    range_checksum,
+    read_at,
+)
 from trainingrun.storage import Store
 
 log = logging.getLogger("trainingrun.transfer")
 
 MiB = 1 << 20
-MAX_PARTS = 10_000
 
 
 class Cancelled(Exception):
@@ -43,10 +54,13 @@ class VerificationFailed(Exception):
 @dataclass(frozen=True)
 class TransferSettings:
     # 16 parts of 16 MiB in flight measured best against SeaweedFS on loopback (tests/
-    # bench_transfer.py); memory stays at concurrency x part size = 256 MiB.
+    # bench_transfer.py).
     part_size: int = 16 * MiB
     multipart_threshold: int = 16 * MiB
     concurrency: int = 16
+    # Bytes of file data in memory at once, whatever the part size: half the sidecar's 512 MiB
+    # limit, the rest for the interpreter, boto3 and the HTTP buffers.
+    memory_budget: int = 256 * MiB
     # Bandwidth cap in bytes per second, None for none; so sync never starves the trainer's I/O.
     max_bytes_per_second: float | None = None
 
@@ -120,20 +134,20 @@ class Progress:
         )
 
 
+@dataclass(frozen=True)
+class _Upload:
+    """One multipart upload in progress: what each of its parts needs."""
+
+    fd: int
+    key: str
+    upload_id: str
+    algo: Algorithm
+    progress: Progress
+    hold: int  # bytes one part holds in memory (the plan's buffer)
+
+
 def _stat_key(st: os.stat_result) -> tuple[int, int, int]:
     return (st.st_size, st.st_mtime_ns, st.st_ino)
-
-
-def _read_at(fd: int, offset: int, length: int) -> bytes:
-    chunks = []
-    while length:
-        chunk = os.pread(fd, length, offset)
-        if not chunk:
-            raise FileChanged(f"file shrank while being read at offset {offset}")
-        chunks.append(chunk)
-        offset += len(chunk)
-        length -= len(chunk)
-    return b"".join(chunks)
 
 
 class Transfer:
@@ -149,9 +163,9 @@ class Transfer:
         # waits for its parts can never starve the pool it runs on.
         self._pool = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="file")
         self._parts = ThreadPoolExecutor(settings.concurrency, thread_name_prefix="part")
-        # One slot per buffer in flight, whatever pool holds it: memory stays under
-        # concurrency x part size (256 MiB with the defaults).
-        self._slots = threading.BoundedSemaphore(settings.concurrency)
+        # Every buffer in flight takes its bytes, whatever pool holds it: memory stays under
+        # the budget however large the parts grow.
+        self.budget = ByteBudget(settings.memory_budget)
         self._open: dict[str, str] = {}  # upload id -> key
         self._lock = threading.Lock()
 
@@ -186,8 +200,10 @@ class Transfer:
         futures: list[tuple[str, Future[str]]] = []
         small: list[tuple[str, str]] = []
         large: list[tuple[str, str]] = []
+        # A file read whole must leave room for others in the budget.
+        whole = min(self.settings.multipart_threshold, self.settings.memory_budget // MIN_PARALLEL)
         for path, key in files:
-            big = os.path.getsize(path) > self.settings.multipart_threshold
+            big = os.path.getsize(path) > whole
             (large if big else small).append((path, key))
         for path, key in large:  # the big ones first: their parts keep every worker busy
             futures.append((key, self._pool.submit(self._upload_large, path, key, algo, progress)))
@@ -209,19 +225,23 @@ class Transfer:
 
     def _upload_small(self, path: str, key: str, algo: Algorithm, progress: Progress) -> str:
         self._check()
-        with self._slots:
-            with open(path, "rb") as f:
-                before = _stat_key(os.fstat(f.fileno()))
+        with open(path, "rb") as f:
+            before = _stat_key(os.fstat(f.fileno()))
+            with self.budget.take(before[0]):
                 data = f.read()
                 if _stat_key(os.fstat(f.fileno())) != before or len(data) != before[0]:
                     raise FileChanged(f"{path} changed while being read")
-            checksum = digest(algo, data)
-            self.throttle.take(len(data))
-            self._check()
-            self.store.put_checked(key, data, algo.header, checksum)
+                checksum = digest(algo, data)
+                self.throttle.take(len(data))
+                self._check()
+                self.store.put_checked(key, data, algo.header, checksum)
         progress.add(len(data))
         progress.file_done()
         return checksum
+
+    def plan(self, size: int) -> PartPlan:
+        s = self.settings
+        return plan_parts(size, s.part_size, s.memory_budget, s.concurrency)
 
     def _upload_large(self, path: str, key: str, algo: Algorithm, progress: Progress) -> str:
         """Runs in a worker: opens the upload, fans the parts out to the pool, completes."""
@@ -229,19 +249,15 @@ class Transfer:
         fd = os.open(path, os.O_RDONLY)
         try:
             before = _stat_key(os.fstat(fd))
-            size = before[0]
-            # S3 allows at most 10,000 parts: larger files get larger parts.
-            part = max(self.settings.part_size, -(-size // MAX_PARTS))
+            plan = self.plan(before[0])
+            if plan.part_size > self.settings.part_size:
+                log.info("%s: %s", key, plan.describe(format_bytes))
             upload_id = self.store.create_multipart(key, algo.name, full_object=algo.combinable)
             with self._lock:
                 self._open[upload_id] = key
-            ranges = [
-                (i + 1, off, min(part, size - off)) for i, off in enumerate(range(0, size, part))
-            ]
-            results = self._parts.map(
-                lambda r: self._upload_part(fd, key, upload_id, r, algo, progress), ranges
-            )
-            parts = list(results)
+            upload = _Upload(fd, key, upload_id, algo, progress, plan.buffer)
+            send = self._upload_streamed_part if plan.streamed else self._upload_part
+            parts = list(self._parts.map(lambda r: send(upload, r), plan.ranges()))
             if _stat_key(os.fstat(fd)) != before:
                 raise FileChanged(f"{path} changed while being uploaded")
             self._check()
@@ -252,6 +268,9 @@ class Transfer:
             self.store.complete_multipart(key, upload_id, entries, algo.header, full)
             with self._lock:
                 self._open.pop(upload_id, None)
+        except EOFError as e:
+            self.abort_open_uploads_for(key)
+            raise FileChanged(f"{path}: {e}") from e
         except BaseException:
             self.abort_open_uploads_for(key)
             raise
@@ -272,24 +291,37 @@ class Transfer:
                 log.warning("could not abort the multipart upload of %s: %s", key, e)
 
     def _upload_part(
-        self,
-        fd: int,
-        key: str,
-        upload_id: str,
-        rng: tuple[int, int, int],
-        algo: Algorithm,
-        progress: Progress,
+        self, u: _Upload, rng: tuple[int, int, int]
     ) -> tuple[dict[str, Any], int, int]:
+        """One part held in memory: read once, checksummed, sent."""
         number, offset, length = rng
         self._check()
-        with self._slots:
-            data = _read_at(fd, offset, length)
-            crc = algo.of(data) if algo.combinable else 0
-            encoded = algo.encode(crc) if algo.combinable else digest(algo, data)
+        with self.budget.take(length):
+            data = read_at(u.fd, offset, length)
+            crc = u.algo.of(data) if u.algo.combinable else 0
+            encoded = u.algo.encode(crc) if u.algo.combinable else digest(u.algo, data)
             self.throttle.take(length)
             self._check()
-            entry = self.store.upload_part(key, upload_id, number, data, algo.header, encoded)
-        progress.add(length)
+            entry = self.store.upload_part(u.key, u.upload_id, number, data, u.algo.header, encoded)
+        u.progress.add(length)
+        return entry, crc, length
+
+    def _upload_streamed_part(
+        self, u: _Upload, rng: tuple[int, int, int]
+    ) -> tuple[dict[str, Any], int, int]:
+        """One part too large to hold: checksummed block by block, then sent from the file (the
+        endpoint checks the checksum, so a range that changed in between is refused)."""
+        number, offset, length = rng
+        self._check()
+        with self.budget.take(min(u.hold, length)):
+            encoded, crc = range_checksum(u.fd, offset, length, u.algo)
+            self.throttle.take(length)
+            self._check()
+            # Store.upload_part passes its body to boto3 as Body, which takes a seekable stream
+            # as well as bytes.
+            body = cast(bytes, PartReader(u.fd, offset, length))
+            entry = self.store.upload_part(u.key, u.upload_id, number, body, u.algo.header, encoded)
+        u.progress.add(length)
         return entry, crc, length
 
     # -- download -------------------------------------------------------------------------
@@ -339,7 +371,7 @@ class Transfer:
                     at += len(block)
                     progress.add(len(block))
 
-                with self._slots:
+                with self.budget.take(min(STREAM_BLOCK, length)):
                     self.throttle.take(length)
                     got = self.store.read_range(key, offset, offset + length - 1, sink)
                 if got != length:

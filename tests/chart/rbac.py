@@ -60,6 +60,12 @@ FRAMEWORK_NAMESPACES: frozenset[Grant] = frozenset(
     {("", "namespaces", "list"), ("", "namespaces", "watch")}
 )
 
+# Framework: leader election among the replicas, a Role in the release's namespace only (get and
+# update limited to the release's Lease by name; create cannot be).
+LEADER: frozenset[Grant] = frozenset(
+    {("coordination.k8s.io", "leases", v) for v in ("create", "get", "update")}
+)
+
 # A few things the operator must never be able to do.
 FORBIDDEN: tuple[Grant, ...] = (
     ("", "secrets", "list"),  # only the Secrets runs name, by name

@@ -124,9 +124,12 @@ on a local kind cluster (Docker needed).
   when absent and never upgrades or deletes them: before upgrading the chart, run
   `kubectl apply --server-side -f crds/trainingrun.yaml` from the new version, so the new
   operator finds the schema it expects.
-- **One operator.** One replica with the `Recreate` strategy, and a kopf peering object
-  (`ClusterKopfPeering`, or a `KopfPeering` per watched namespace) named like the release: an
-  operator started with a higher priority pauses this one.
+- **One operator acting.** Two replicas elect a leader on a `coordination.k8s.io` Lease named
+  like the release, in its namespace; only the leader runs the operator, and a standby takes over
+  within about 12 s when the leader's pod or node goes (`docs/operations.md`). With
+  `leaderElection.enabled: false`, one replica with the `Recreate` strategy. A kopf peering
+  object (`ClusterKopfPeering`, or a `KopfPeering` per watched namespace) named like the release
+  lets an operator started with a higher priority pause the leader.
 - **RBAC.** Framework rules (what kopf needs: CRD discovery, peering, namespaces when watching
   some) and application rules (TrainingRuns and their status, pods, nodes, Secrets by name,
   Events) are separate roles with the fewest verbs; no rule uses `*`. With

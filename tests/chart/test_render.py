@@ -1,7 +1,9 @@
 """The chart without a cluster: ``helm lint``, and ``helm template`` renderings checked for
 
-- the operator Deployment: one replica, Recreate, the command line (peering, liveness, metrics,
-  namespaces), kopf's liveness probe, secure defaults, and values flowing into env and args;
+- the operator Deployment: two replicas electing a leader on a Lease (its Role limited to that
+  Lease), rolled; one replica, Recreate, without leader election; the command line (peering,
+  liveness, metrics, namespaces), kopf's liveness probe, secure defaults, and values flowing
+  into env and args;
 - RBAC: exactly the grants the operator needs (tests/chart/rbac.py), framework and application
   rules apart, never ``*``, cluster-wide and namespaced modes;
 - the kopf peering object and its CRDs, the metrics Service and the optional ServiceMonitor;
@@ -57,10 +59,34 @@ def test_helm_lint_strict_passes(helm: Path, values: dict[str, Any], tmp_path: P
 # -- the Deployment ------------------------------------------------------------------------------
 
 
-def test_one_operator_recreated_not_rolled(helm: Path) -> None:
-    spec = only(template(helm), "Deployment")["spec"]
+def test_two_replicas_elect_a_leader_and_roll(helm: Path) -> None:
+    objects = template(helm, release="ops", namespace="ops-ns")
+    spec = only(objects, "Deployment")["spec"]
+    assert (spec["replicas"], spec["strategy"]) == (2, {"type": "RollingUpdate"})
+    assert "--leader-lease=ops-ns/ops-trainingrun" in container(objects)["args"]
+    role = only(objects, "Role", "ops-trainingrun-leader")
+    assert role["metadata"]["namespace"] == "ops-ns"
+    assert grants(role) == rbac.LEADER
+    named = [r for r in role["rules"] if set(r["verbs"]) & {"get", "update"}]
+    assert [r["resourceNames"] for r in named] == [["ops-trainingrun"]]
+    binding = only(objects, "RoleBinding", "ops-trainingrun-leader")
+    assert binding["roleRef"]["name"] == "ops-trainingrun-leader"
+
+
+def test_without_leader_election_one_operator_is_recreated_not_rolled(helm: Path) -> None:
+    objects = template(helm, {"leaderElection": {"enabled": False}, "replicas": 1})
+    spec = only(objects, "Deployment")["spec"]
     assert spec["replicas"] == 1
     assert spec["strategy"] == {"type": "Recreate"}
+    assert not [a for a in container(objects)["args"] if a.startswith("--leader-lease")]
+    assert not [r for r in of_kind(objects, "Role") if r["metadata"]["name"].endswith("-leader")]
+
+
+def test_two_replicas_without_leader_election_are_refused(helm: Path) -> None:
+    values = json.dumps({"leaderElection": {"enabled": False}, "replicas": 2})
+    proc = helm_run(helm, "template", "tr", str(CHART), "--values", "-", stdin=values)
+    assert proc.returncode != 0
+    assert "replicas > 1 needs leaderElection.enabled" in proc.stderr
 
 
 def test_command_line_by_default(helm: Path) -> None:
@@ -70,6 +96,7 @@ def test_command_line_by_default(helm: Path) -> None:
         "operator",
         "--peering=ops-trainingrun",
         "--liveness=http://0.0.0.0:8080/healthz",
+        "--leader-lease=trainingrun-system/ops-trainingrun",
         "--metrics-port=9090",
     ]
     assert c["image"] == "ghcr.io/trainingrun/operator:0.1.0"
@@ -87,6 +114,7 @@ def test_command_line_follows_values(helm: Path) -> None:
         "operator",
         "--peering=shared",
         "--liveness=http://0.0.0.0:8181/healthz",
+        "--leader-lease=trainingrun-system/tr-trainingrun",
         "--metrics-port=9191",
         "--namespace=team-a",
         "--namespace=team-b",
@@ -224,7 +252,11 @@ def test_rbac_has_no_wildcards(helm: Path, values: dict[str, Any]) -> None:
 
 def test_clusterwide_rbac_is_exactly_what_the_operator_uses(helm: Path) -> None:
     roles = of_kind(template(helm, release="ops"), *ROLE_KINDS)
-    assert {r["kind"] for r in roles} == {"ClusterRole"}
+    # ClusterRoles, and the Lease of the leader election in the release's namespace.
+    assert [r["metadata"]["name"] for r in roles if r["kind"] == "Role"] == [
+        "ops-trainingrun-leader"
+    ]
+    roles = [r for r in roles if r["kind"] == "ClusterRole"]
     granted = set().union(*(grants(r) for r in roles))
     assert granted == rbac.clusterwide_grants()
     assert not granted & set(rbac.FORBIDDEN)

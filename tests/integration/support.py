@@ -49,6 +49,10 @@ def wait_for(predicate: Callable[[], T | None], timeout_s: float, what: str) -> 
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what} (last: {last!r})")
 
 
+# How long the tests' operator waits for a missing credentials Secret before the run fails.
+SECRET_WAIT_SECONDS = 20
+
+
 @dataclass
 class OperatorProcess:
     """``trainingrun operator`` as a real process against the local control plane."""
@@ -58,6 +62,7 @@ class OperatorProcess:
     proc: subprocess.Popen[bytes] | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     metrics_port: int = 0  # serve /metrics on 127.0.0.1 at this port (0: off)
+    args: list[str] = field(default_factory=list)  # more arguments of `trainingrun operator`
 
     def start(self) -> None:
         env = {
@@ -65,6 +70,7 @@ class OperatorProcess:
             "KUBECONFIG": self.env.kubeconfig,
             "TRAININGRUN_RESYNC_SECONDS": "600",
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "1",
+            "TRAININGRUN_SECRET_WAIT_SECONDS": str(SECRET_WAIT_SECONDS),
             **self.extra_env,
         }
         log = self.log_path.open("ab")
@@ -74,7 +80,7 @@ class OperatorProcess:
             else []
         )
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "trainingrun.cli", "operator", *metrics],
+            [sys.executable, "-m", "trainingrun.cli", "operator", *metrics, *self.args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

@@ -84,7 +84,9 @@ class Release:
             self.run("uninstall", self.name, "--wait", "--timeout", "120s")
             self.installed = False
 
-    def can_i(self, group: str, resource: str, verb: str, namespace: str | None) -> bool:
+    def can_i(
+        self, group: str, resource: str, verb: str, namespace: str | None, named: str = ""
+    ) -> bool:
         """The API server's answer for the chart's ServiceAccount: a SubjectAccessReview that
         names the group and resource itself, so a resource whose CRD is not installed (Kueue's)
         is asked about as it is (``kubectl auth can-i`` cannot resolve it and asks about a
@@ -102,6 +104,7 @@ class Release:
                     subresource=sub or None,
                     verb=verb,
                     namespace=namespace or "",
+                    name=named or None,
                 ),
             )
         )
@@ -116,12 +119,13 @@ def release(helm: Path, localenv: LocalEnv, namespace: str, api_client: Any) -> 
     rel.uninstall()
 
 
-def operator_pod(core_v1: Any, release: Release) -> Any:
+def operator_pods(core_v1: Any, release: Release) -> list[Any]:
+    """The release's operator pods: two replicas (one leads, tests/integration/test_failover.py)."""
     pods = core_v1.list_namespaced_pod(
         release.namespace, label_selector=f"app.kubernetes.io/instance={release.name}"
     ).items
-    assert len(pods) == 1, [p.metadata.name for p in pods]
-    return pods[0]
+    assert len(pods) == 2, [p.metadata.name for p in pods]
+    return list(pods)
 
 
 def test_clusterwide_install_grants_what_the_operator_uses(
@@ -136,13 +140,15 @@ def test_clusterwide_install_grants_what_the_operator_uses(
     # The TrainingRun CRD exists already (the crd fixture): helm installs the chart anyway.
     release.install({"nodeSelector": {"kubernetes.io/hostname": node}})
 
-    pod = operator_pod(core_v1, release)
-    assert pod.spec.node_name == node
-    assert pod.status.phase == "Running"
-    assert pod.spec.service_account_name == release.fullname
-    assert pod.spec.security_context.run_as_non_root is True
-    assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
-    assert pod.spec.containers[0].args[:2] == ["operator", f"--peering={release.fullname}"]
+    for pod in operator_pods(core_v1, release):
+        assert pod.spec.node_name == node
+        assert pod.status.phase == "Running"
+        assert pod.spec.service_account_name == release.fullname
+        assert pod.spec.security_context.run_as_non_root is True
+        assert pod.spec.containers[0].security_context.read_only_root_filesystem is True
+        assert pod.spec.containers[0].args[:2] == ["operator", f"--peering={release.fullname}"]
+        lease = f"--leader-lease={release.namespace}/{release.fullname}"
+        assert lease in pod.spec.containers[0].args
 
     custom = client.CustomObjectsApi(api_client)
     custom.list_namespaced_custom_object(api.GROUP, api.VERSION, release.namespace, api.PLURAL)
@@ -160,6 +166,10 @@ def test_clusterwide_install_grants_what_the_operator_uses(
     for group, resource, verb in rbac.FORBIDDEN:
         assert not release.can_i(group, resource, verb, release.namespace), (verb, resource)
         assert not release.can_i(group, resource, verb, None), (verb, resource)
+    for group, resource, verb in rbac.LEADER:  # the Lease: in the release's namespace only
+        assert release.can_i(group, resource, verb, release.namespace, release.fullname)
+        assert not release.can_i(group, resource, verb, other, release.fullname)
+    assert not release.can_i("coordination.k8s.io", "leases", "update", release.namespace, "x")
 
     release.uninstall()
     rbac_v1 = client.RbacAuthorizationV1Api(api_client)
@@ -215,7 +225,7 @@ def test_operator_runs_as_the_charts_service_account(
             "nodeSelector": {"kubernetes.io/hostname": node},
         }
     )
-    assert operator_pod(core_v1, release).status.phase == "Running"
+    assert {p.status.phase for p in operator_pods(core_v1, release)} == {"Running"}
     # Namespaced: the namespaced rules hold in the watched namespace only.
     assert release.can_i("", "pods", "create", ns)
     assert release.can_i(api.GROUP, "trainingruns/status", "patch", ns)
@@ -235,6 +245,7 @@ def test_operator_runs_as_the_charts_service_account(
         "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "1",
     }
     args = ["operator", f"--namespace={ns}", f"--peering={release.fullname}"]
+    args.append(f"--leader-lease={release.namespace}/{release.fullname}")  # the chart's Lease
     with log_path.open("ab") as log_file:
         proc = subprocess.Popen(
             [sys.executable, "-m", "trainingrun.cli", *args],

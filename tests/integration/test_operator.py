@@ -5,8 +5,10 @@ and counted as a restart; preemption by the Eviction API, by node deletion, by n
 a pod deleted by someone else and after a notice taint only the run names (its pod annotated),
 each resubmitted and counted as a preemption only; maxRestarts exhausted ends the run Failed; a
 newest checkpoint with a missing object, and one the restore reports corrupt, both fall back to
-the previous checkpoint; a missing credentials Secret fails the run at once with its reason,
-while one deleted during a running attempt does not end it; an image pull error keeps the run
+the previous checkpoint; a missing credentials Secret is waited for (Pending, reason
+MissingSecret, the Waiting condition) and fails the run after the operator's wait, while one
+deleted during a running attempt does not end it, holds only the next attempt's start, and the
+run goes on by itself once the Secret is back; an image pull error keeps the run
 Running (ImagePullRetrying) until the pull has failed for the grace, then fails it; the
 operator's metrics (transitions
 by reason, pods created, passes, runs by phase); a pod of the attempt's name that is not the
@@ -343,14 +345,47 @@ def test_checkpoint_reported_corrupt_by_restore_is_marked_bad(
     assert runs.env_of(runs.pod("corrupt-3"))["TRAININGRUN_RESUME_STEP"] == "3"
 
 
-def test_missing_secret_fails_at_once_with_reason(
+def test_a_missing_secret_is_waited_for_with_its_reason_then_fails_the_run(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any
 ) -> None:
     runs.create(trainingrun("nosecret", localenv, prefix, secret="absent", node=kwok_node()))
-    status = runs.wait_status("nosecret", lambda s: s.get("phase") == "Failed", 30, "Failed")
+    waiting = runs.wait_status(
+        "nosecret", lambda s: s.get("reason") == "MissingSecret", 30, "waiting for the Secret"
+    )
+    assert waiting["phase"] == "Pending"
+    assert "absent" in waiting["message"] and "AWS_ACCESS_KEY_ID" in waiting["message"]
+    assert {c["type"]: c["status"] for c in waiting["conditions"]}["Waiting"] == "True"
+    # The session operator waits SECRET_WAIT_SECONDS for it (tests/integration/support.py).
+    status = runs.wait_status("nosecret", lambda s: s.get("phase") == "Failed", 60, "Failed")
     assert status["reason"] == "MissingSecret"
-    assert "absent" in status["message"] and "AWS_ACCESS_KEY_ID" in status["message"]
     assert runs.pods_of("nosecret") == []
+
+
+def test_a_secret_deleted_and_recreated_while_a_run_trains_holds_only_the_next_start(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, core_v1: Any
+) -> None:
+    start(runs, localenv, prefix, "rotate", kwok_node())
+    # A rotation tool deletes the Secret, and the pod is evicted before the new one exists.
+    core_v1.delete_namespaced_secret("s3creds", runs.namespace)
+    evict = client.V1Eviction(
+        metadata=client.V1ObjectMeta(name="rotate-1", namespace=runs.namespace)
+    )
+    core_v1.create_namespaced_pod_eviction("rotate-1", runs.namespace, evict)
+    waiting = runs.wait_status(
+        "rotate", lambda s: s.get("reason") == "MissingSecret", 60, "waiting for the Secret"
+    )
+    assert (waiting["phase"], waiting["attempt"], waiting["preemptions"]) == ("Pending", 2, 1)
+    assert "rotate-2" not in [p.metadata.name for p in runs.pods_of("rotate")]
+
+    core_v1.create_namespaced_secret(runs.namespace, credentials_secret(localenv))
+    status = runs.wait_status(
+        "rotate",
+        lambda s: s.get("activePod") == "rotate-2",
+        30,
+        "attempt 2 once the Secret is back",
+    )
+    assert status["phase"] == "Running" and status["restarts"] == 0
+    assert {c["type"]: c["reason"] for c in status["conditions"]}["Waiting"] == "WaitOver"
 
 
 def test_image_pull_error_is_retried_for_a_while_then_ends_the_run(

@@ -19,8 +19,11 @@ Covers every row of the table in ``trainingrun.decide.classify`` and the cases a
   Terminated/Preempting -> Preempted;
 - a notice taint on the node or the notice annotation, then an end -> Preempted; a notice alone
   (still running) is not an end; taints outside ``notice_taints`` are not notices;
-- the restore exiting with the checkpoint-bad code -> CheckpointBad, any other restore exit ->
-  Failed;
+- the operator's restore exiting with the checkpoint-bad code -> CheckpointBad (also in the pod
+  as the reconciler's cache keeps it), any other restore exit -> Failed; a container of the
+  restore's name that is not the operator's (a user init container of a fresh start, a faked
+  resume annotation dropped, a pod without the resume annotation) exiting with that code ->
+  Failed "InitFailed";
 - image and config errors on any container -> Permanent; an image pull error (ErrImagePull,
   ImagePullBackOff) only once it has lasted IMAGE_PULL_GRACE_SECONDS since the pod was scheduled
   (or created), NotEnded "ImagePullRetrying" with the time to look again before that;
@@ -29,21 +32,29 @@ Covers every row of the table in ``trainingrun.decide.classify`` and the cases a
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
 
-from tests.unit.builders import make_node, make_pod
+from tests.unit.builders import RunBuilder, make_node, make_pod, make_run, pod_from
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
-from trainingrun.contract import EXIT_CHECKPOINT_BAD, SYNC_CONTAINER
+from trainingrun.cache import slim_pod
+from trainingrun.contract import (
+    ANNOTATION_RESUME_STEP,
+    EXIT_CHECKPOINT_BAD,
+    RESTORE_CONTAINER,
+    SYNC_CONTAINER,
+)
 from trainingrun.decide.classify import (
     IMAGE_PULL_GRACE_SECONDS,
     End,
     Outcome,
     classify,
 )
+from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, resume_of
 
 SPOT_TAINT = "aws-node-termination-handler/spot-itn"
 
@@ -70,6 +81,18 @@ def _classify(case: Case) -> Outcome:
         notice_taints=DEFAULT_NOTICE_TAINTS,
         now=NOW,
     )
+
+
+def _built(run: RunBuilder | RunRef, step: int | None) -> dict[str, Any]:
+    """Attempt 2's pod as the operator builds it, resuming from ``step`` (None: fresh start)."""
+    ref = run if isinstance(run, RunRef) else run.ref()
+    return build_pod(ref, 2, resume_of(ref, step), AgentSettings(), epoch=2)
+
+
+# The operator's pod of an attempt that resumes from checkpoint 120: its restore is the one.
+RESUMED_POD = _built(make_run("r1").with_checkpoint(120), 120)
+# A user init container named like the restore, in a fresh start's pod (no restore of ours).
+USER_RESTORE = {"name": RESTORE_CONTAINER, "image": "busybox", "command": ["sh", "-c", "exit 3"]}
 
 
 def _ago(seconds: float) -> str:
@@ -486,7 +509,7 @@ CASES = [
     # -- CheckpointBad ----------------------------------------------------------------------
     pytest.param(
         Case(
-            make_pod()
+            pod_from(RESUMED_POD)
             .restore_exited(EXIT_CHECKPOINT_BAD, message="model.safetensors: checksum mismatch\n")
             .build(),
             End.CHECKPOINT_BAD,
@@ -498,7 +521,7 @@ CASES = [
     ),
     pytest.param(
         Case(
-            make_pod().restore_exited(EXIT_CHECKPOINT_BAD).build(),
+            pod_from(RESUMED_POD).restore_exited(EXIT_CHECKPOINT_BAD).build(),
             End.CHECKPOINT_BAD,
             "CheckpointBad",
             ready_node,
@@ -632,6 +655,64 @@ def test_classify(case: Case) -> None:
     assert (outcome.end, outcome.reason) == (case.end, case.reason)
     assert case.message_has in outcome.message
     assert outcome.ended is (case.end is not End.NOT_ENDED)
+
+
+def _faked_resume_annotation() -> RunRef:
+    """A run whose template has the user restore and the operator's resume annotation."""
+    ref = make_run("r1").with_init_container(USER_RESTORE).ref()
+    template = copy.deepcopy(ref.spec.template)
+    template["metadata"]["annotations"][ANNOTATION_RESUME_STEP] = "120"
+    spec = ref.spec.model_copy(update={"template": template})
+    return RunRef(name=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec)
+
+
+@pytest.mark.parametrize(
+    ("pod", "end", "reason"),
+    [
+        pytest.param(
+            pod_from(RESUMED_POD).restore_exited(EXIT_CHECKPOINT_BAD).build(),
+            End.CHECKPOINT_BAD,
+            "CheckpointBad",
+            id="the-operators-restore-is-a-bad-checkpoint",
+        ),
+        pytest.param(
+            slim_pod(pod_from(RESUMED_POD).restore_exited(EXIT_CHECKPOINT_BAD).build()),
+            End.CHECKPOINT_BAD,
+            "CheckpointBad",
+            id="the-operators-restore-as-the-pod-cache-keeps-it",
+        ),
+        pytest.param(
+            pod_from(_built(make_run("r1").with_init_container(USER_RESTORE), None))
+            .init_exited(RESTORE_CONTAINER, EXIT_CHECKPOINT_BAD)
+            .build(),
+            End.FAILED,
+            "InitFailed",
+            id="a-user-init-container-of-the-same-name-is-a-failure",
+        ),
+        pytest.param(
+            pod_from(_built(_faked_resume_annotation(), None))
+            .init_exited(RESTORE_CONTAINER, EXIT_CHECKPOINT_BAD)
+            .build(),
+            End.FAILED,
+            "InitFailed",
+            id="with-a-resume-annotation-faked-in-the-template-too",
+        ),
+        pytest.param(
+            make_pod().restore_exited(EXIT_CHECKPOINT_BAD).build(),
+            End.FAILED,
+            "InitFailed",
+            id="in-a-pod-without-the-operators-resume-annotation",
+        ),
+    ],
+)
+def test_only_the_operators_restore_reports_a_bad_checkpoint(
+    pod: dict[str, Any], end: End, reason: str
+) -> None:
+    outcome = classify(pod, node=make_node().build(), node_deleted=False, notice_taints=[], now=NOW)
+
+    assert (outcome.end, outcome.reason) == (end, reason), outcome.message
+    if end is End.FAILED:
+        assert RESTORE_CONTAINER in outcome.message
 
 
 def test_notice_taints_come_from_the_argument_not_the_defaults() -> None:

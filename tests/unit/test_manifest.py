@@ -3,6 +3,12 @@ listing checks.
 
 Covers:
 
+- caps (ManifestTooLarge, a ManifestError, naming the manifest, the cap and the fix): a
+  manifest.json over 4 MiB or listing more than 1000 checkpoints, a MANIFEST.json over 8 MiB or
+  listing more than 10000 files, and either holding more JSON values (a list of {} decodes to
+  25 times its bytes) than its items can have, refused before decoding; manifests just within
+  the caps parse; file names over 255 bytes or with a character that is not printable (control,
+  escape, zero-width, line separator) are refused, by safe_relative_path and by the parser;
 - parse_run_manifest / parse_checkpoint_manifest refuse with ManifestError: malformed JSON,
   bytes that are not UTF-8, a non-object, a missing or non-integer version, a future version
   (the message says to upgrade), duplicate steps, a prefix other than epoch_prefix(step,
@@ -41,10 +47,16 @@ from hypothesis import strategies as st
 
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
+    CHECKPOINT_MANIFEST_MAX_BYTES,
     MANIFEST_VERSION,
+    MAX_ENTRIES,
+    MAX_FILES,
+    MAX_NAME_BYTES,
+    RUN_MANIFEST_MAX_BYTES,
     CheckpointManifest,
     ManifestEntry,
     ManifestError,
+    ManifestTooLarge,
     RunManifest,
     candidates,
     checkpoint_prefix,
@@ -237,6 +249,12 @@ UNSAFE_NAMES = [
     pytest.param("a/", id="trailing-slash"),
     pytest.param("a\\..\\..\\b", id="backslashes"),
     pytest.param("a\x00b", id="nul"),
+    pytest.param("a\nb", id="newline"),
+    pytest.param("\x1b[31mred", id="terminal-escape"),
+    pytest.param("a\u200bb", id="zero-width-space"),
+    pytest.param("a\u2028b", id="line-separator"),
+    pytest.param("a" * (MAX_NAME_BYTES + 1), id="256-bytes"),
+    pytest.param("é" * 128, id="128-characters-of-256-bytes"),
 ]
 
 
@@ -246,6 +264,123 @@ def test_unsafe_file_name_refused(name: str) -> None:
         safe_relative_path(name)
     with pytest.raises(ManifestError, match="malformed"):
         parse_checkpoint_manifest(_checkpoint_manifest(7, _file("ok.bin"), _file(name)), 7)
+
+
+# -- caps ---------------------------------------------------------------------------------
+
+
+def _padded(data: bytes, size: int) -> bytes:
+    """``data`` (a JSON object) grown to exactly ``size`` bytes by an extra key."""
+    pad = size - len(data) - len(b', "pad": ""')
+    return data[:-1] + b', "pad": "' + b"x" * pad + b'"}'
+
+
+def _steps(count: int) -> bytes:
+    return _run_manifest(*(_entry(s) for s in range(1, count + 1)))
+
+
+def _files(count: int) -> bytes:
+    return _checkpoint_manifest(7, *(_file(f"shard-{i}.bin") for i in range(count)))
+
+
+def _values(field: str, count: int) -> bytes:
+    """A manifest within the byte cap whose ``field`` decodes to ``count`` empty objects."""
+    return b'{"version": 2, "step": 7, "created": "t", "%s": [%s]}' % (
+        field.encode(),
+        b",".join([b"{}"] * count),
+    )
+
+
+RUN_FIX = "put back a good copy"
+PART_FIX = "save fewer files per rank"
+
+
+@pytest.mark.parametrize(
+    ("data", "message", "fix"),
+    [
+        pytest.param(
+            _padded(_run_manifest(_entry(1)), RUN_MANIFEST_MAX_BYTES + 1),
+            f"manifest.json is {RUN_MANIFEST_MAX_BYTES + 1} bytes, over the cap of "
+            f"{RUN_MANIFEST_MAX_BYTES} bytes",
+            RUN_FIX,
+            id="run-manifest-over-4-MiB",
+        ),
+        pytest.param(
+            _steps(MAX_ENTRIES + 1),
+            "manifest.json lists 1001 checkpoints, over the cap of 1000",
+            RUN_FIX,
+            id="run-manifest-of-1001-checkpoints",
+        ),
+        pytest.param(
+            _values("entries", 100_000),
+            "manifest.json holds more JSON values than 1000 checkpoints can have",
+            RUN_FIX,
+            id="run-manifest-of-100k-objects-refused-before-decoding",
+        ),
+    ],
+)
+def test_run_manifest_over_a_cap_is_refused(data: bytes, message: str, fix: str) -> None:
+    with pytest.raises(ManifestTooLarge) as e:
+        parse_run_manifest(data)
+
+    assert message in str(e.value)
+    assert fix in str(e.value)
+    assert isinstance(e.value, ManifestError)  # what every reader already handles
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        pytest.param(
+            _padded(_checkpoint_manifest(7), CHECKPOINT_MANIFEST_MAX_BYTES + 1),
+            f"checkpoint-7/MANIFEST.json is {CHECKPOINT_MANIFEST_MAX_BYTES + 1} bytes, over "
+            f"the cap of {CHECKPOINT_MANIFEST_MAX_BYTES} bytes",
+            id="part-over-8-MiB",
+        ),
+        pytest.param(
+            _files(MAX_FILES + 1),
+            "checkpoint-7/MANIFEST.json lists 10001 files, over the cap of 10000",
+            id="part-of-10001-files",
+        ),
+        pytest.param(
+            _values("files", 200_000),
+            "checkpoint-7/MANIFEST.json holds more JSON values than 10000 files can have",
+            id="part-of-200k-objects-refused-before-decoding",
+        ),
+    ],
+)
+def test_checkpoint_manifest_over_a_cap_is_refused(data: bytes, message: str) -> None:
+    with pytest.raises(ManifestTooLarge) as e:
+        parse_checkpoint_manifest(data, 7)
+
+    assert message in str(e.value)
+    assert PART_FIX in str(e.value)
+
+
+def test_manifests_at_the_caps_parse() -> None:
+    assert len(parse_run_manifest(_steps(MAX_ENTRIES)).entries) == MAX_ENTRIES
+    assert len(parse_checkpoint_manifest(_files(MAX_FILES), 7).files) == MAX_FILES
+    run = _padded(_run_manifest(_entry(1)), RUN_MANIFEST_MAX_BYTES)
+    part = _padded(_checkpoint_manifest(7, _file("a.bin")), CHECKPOINT_MANIFEST_MAX_BYTES)
+
+    assert [e.step for e in parse_run_manifest(run).entries] == [1]
+    assert [f.path for f in parse_checkpoint_manifest(part, 7).files] == ["a.bin"]
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        pytest.param("a" * MAX_NAME_BYTES, id="255-bytes"),
+        pytest.param("é" * 127, id="127-characters-of-254-bytes"),
+        pytest.param("global step 100/model-00001-of-00004.safetensors", id="with-spaces"),
+        pytest.param("检查点/模型.pt", id="non-latin"),
+    ],
+)
+def test_printable_names_within_255_bytes_are_accepted(name: str) -> None:
+    data = _checkpoint_manifest(7, _file(name))
+
+    assert safe_relative_path(name) == name
+    assert [f.path for f in parse_checkpoint_manifest(data, 7).files] == [name]
 
 
 # -- accepted manifests -------------------------------------------------------------------
@@ -423,8 +558,13 @@ def test_accepted_paths_never_escape_the_base(path: str) -> None:
     assert accepted == path == posixpath.normpath(path)
 
 
+# Printable characters (neither control, format, private, unassigned nor separators); five
+# segments of 12 characters of at most 4 bytes stay within MAX_NAME_BYTES.
 segments = st.text(
-    alphabet=st.characters(blacklist_characters="/\\\x00", blacklist_categories=["Cs"]),
+    alphabet=st.characters(
+        blacklist_characters="/\\\x00",
+        blacklist_categories=["Cc", "Cf", "Co", "Cn", "Cs", "Zl", "Zp", "Zs"],
+    ),
     min_size=1,
     max_size=12,
 ).filter(lambda s: s not in (".", ".."))

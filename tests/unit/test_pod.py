@@ -4,7 +4,9 @@ Covers:
 
 - name ``<run>-<attempt>``, namespace, owner reference (controller and blockOwnerDeletion true),
   run and attempt labels next to the template's labels, the resume-step annotation only when
-  resuming, template annotations kept; owned_by(): only a controller reference of the kind
+  resuming, template annotations kept; the template's ``trainingrun.dev/*`` labels and
+  annotations (and those of its subdomains) dropped, the operator's own set as always, look-alike
+  keys kept; owned_by(): only a controller reference of the kind
   TrainingRun with the run's UID makes a pod the run's (not a deleted run's of the same name);
 - ``restartPolicy: Never`` even when the template says otherwise, grace period from
   ``spec.preemption``;
@@ -29,19 +31,24 @@ import pytest
 from tests.unit.builders import BUCKET_URI, NAMESPACE, RunBuilder, make_run
 from trainingrun.api import GROUP, KIND, VERSION
 from trainingrun.contract import (
+    ANNOTATION_NOTICE,
     ANNOTATION_RESUME_STEP,
+    ANNOTATION_STOP,
     CHECKPOINT_VOLUME,
     CREDENTIAL_KEYS,
     LABEL_ATTEMPT,
+    LABEL_RANK,
     LABEL_RUN,
     PODINFO_DIR,
     PODINFO_VOLUME,
     RESTORE_CONTAINER,
+    STOP_SUSPEND,
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
 )
 from trainingrun.decide.pod import (
     AgentSettings,
+    RunRef,
     build_pod,
     owned_by,
     resume_of,
@@ -156,6 +163,72 @@ def test_resume_annotation_only_when_resuming() -> None:
     assert ANNOTATION_RESUME_STEP not in fresh["metadata"]["annotations"]
     assert resumed["metadata"]["annotations"][ANNOTATION_RESUME_STEP] == "120"
     assert resumed["metadata"]["annotations"]["owner"] == "alice"
+
+
+def _with_template_metadata(where: str, key: str, value: str) -> RunRef:
+    """The default run, its template's ``where`` (labels or annotations) also holding key."""
+    ref = make_run("r1").ref()
+    template = ref.spec.template
+    meta = template["metadata"]
+    template = {**template, "metadata": {**meta, where: {**meta[where], key: value}}}
+    spec = ref.spec.model_copy(update={"template": template})
+    return RunRef(name=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec)
+
+
+# A template key under the operator's domain fakes one of its signals; the pod never gets it.
+RESERVED = [
+    pytest.param("annotations", ANNOTATION_NOTICE, "fake", None, id="notice-annotation"),
+    pytest.param("annotations", ANNOTATION_RESUME_STEP, "7", None, id="resume-step-fresh-start"),
+    pytest.param("annotations", ANNOTATION_STOP, STOP_SUSPEND, 120, id="stop-annotation"),
+    pytest.param("annotations", "trainingrun.dev/future-signal", "x", 120, id="any-annotation"),
+    pytest.param("annotations", "sync.trainingrun.dev/x", "x", None, id="subdomain-annotation"),
+    pytest.param("annotations", "TrainingRun.dev/Notice", "x", None, id="upper-case-annotation"),
+    pytest.param("labels", LABEL_RANK, "3", None, id="rank-label-of-a-single-pod"),
+    pytest.param("labels", "trainingrun.dev/custom", "x", 120, id="any-label"),
+    pytest.param("labels", "a.b.trainingrun.dev/custom", "x", None, id="subdomain-label"),
+]
+
+
+@pytest.mark.parametrize(("where", "key", "value", "step"), RESERVED)
+def test_template_keys_of_the_operators_domain_are_dropped(
+    where: str, key: str, value: str, step: int | None
+) -> None:
+    ref = _with_template_metadata(where, key, value)
+
+    pod = build_pod(ref, 2, resume_of(ref, step), SETTINGS, epoch=2)
+
+    meta = pod["metadata"]
+    assert key not in meta[where], f"the template's {key} reached the pod's {where}"
+    assert (meta["labels"]["team"], meta["annotations"]["owner"]) == ("nlp", "alice")
+    assert (meta["labels"][LABEL_RUN], meta["labels"][LABEL_ATTEMPT]) == ("r1", "2")
+    if step is not None:
+        assert meta["annotations"][ANNOTATION_RESUME_STEP] == str(step)
+
+
+@pytest.mark.parametrize(
+    ("where", "key"),
+    [
+        pytest.param("annotations", "nottrainingrun.dev/x", id="suffix-without-a-dot"),
+        pytest.param("annotations", "trainingrun.dev.example.com/x", id="longer-domain"),
+        pytest.param("annotations", "example.com/trainingrun.dev", id="name-not-prefix"),
+        pytest.param("labels", "app.kubernetes.io/name", id="other-domain-label"),
+        pytest.param("labels", "kueue.x-k8s.io/queue-name", id="kueue-queue-label"),
+    ],
+)
+def test_look_alike_template_keys_are_kept(where: str, key: str) -> None:
+    ref = _with_template_metadata(where, key, "v")
+
+    pod = build_pod(ref, 1, None, SETTINGS, epoch=1)
+
+    assert pod["metadata"][where][key] == "v"
+
+
+def test_resume_step_of_the_template_never_overrides_the_operators() -> None:
+    ref = _with_template_metadata("annotations", ANNOTATION_RESUME_STEP, "999")
+
+    pod = build_pod(ref, 2, resume_of(ref, 120), SETTINGS, epoch=2)
+
+    assert pod["metadata"]["annotations"][ANNOTATION_RESUME_STEP] == "120"
 
 
 # -- pod spec -----------------------------------------------------------------------------

@@ -6,13 +6,19 @@ Covers:
 - maxRestarts: failures within the budget resubmit, the one past it fails with
   RestartBudgetExhausted (parametrized over budgets, including 0);
 - maxPreemptions: None is unlimited, a limit fails with PreemptionBudgetExhausted past it;
-- preemptions never spend restarts, never touch the crash-loop streak and never back off;
+- preemptions never spend restarts and never touch the crash-loop streak; the first one in a
+  row without progress, and any after progress, resubmit at once (whatever streak came before);
 - crash loop: crashLoopLimit failures in a row with no checkpoint newer than the one the attempt
   resumed from end the run; a newer checkpoint resets the streak, and a failure that committed
   one does not count toward the limit;
 - backoff: exponential growth by ``factor`` from ``initialSeconds``, capped at ``maxSeconds``
   (parametrized), and the delay decide() asks for follows it;
-- a bad checkpoint records the step the attempt resumed from (once) and spends nothing;
+- a bad checkpoint records the step the attempt resumed from (once) and spends nothing; one
+  with nothing to fall back from (a fresh start) is a failure: it backs off and ends as a crash
+  loop instead of resubmitting at once forever;
+- pace: repeated endings without progress back off whatever their class (preemptions, bad
+  checkpoints, failures, mixed, evictions by the kubelet or Kueue), by the stalled streak;
+  progress resets it; a pause neither grows nor resets it and never waits;
 - decide() refuses an attempt that has not ended.
 """
 
@@ -31,6 +37,9 @@ from trainingrun.decide.policy import (
     decide,
 )
 from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
+from trainingrun.decide.reasons import EVICTED as REASON_EVICTED
+from trainingrun.decide.reasons import FAILED_ATTEMPT as REASON_FAILED_ATTEMPT
+from trainingrun.decide.reasons import PAUSED as REASON_PAUSED
 from trainingrun.decide.reasons import PREEMPTIONS_EXHAUSTED as REASON_PREEMPTIONS_EXHAUSTED
 from trainingrun.decide.reasons import RESTARTS_EXHAUSTED as REASON_RESTARTS_EXHAUSTED
 
@@ -40,6 +49,8 @@ OOM = Outcome(End.FAILED, "OOMKilled", "the trainer ran out of memory (exit 137)
 PREEMPTED = Outcome(End.PREEMPTED, "PreemptionByScheduler", "preempted by a higher priority pod")
 CHECKPOINT_BAD = Outcome(End.CHECKPOINT_BAD, "CheckpointBad", "model.safetensors: size 0")
 PERMANENT = Outcome(End.PERMANENT, "ErrImagePull", "container trainer: not found")
+EVICTED = Outcome(End.PREEMPTED, REASON_EVICTED, "The node was low on resource: ephemeral-storage")
+PAUSED = Outcome(End.PAUSED, REASON_PAUSED, "stopped: spec.suspend is true")
 NOT_ENDED = Outcome(End.NOT_ENDED, "Running", "")
 
 # Progress: the attempt resumed from 100 and the bucket now has 200.
@@ -131,7 +142,7 @@ def test_preemption_limit(limit: int, already: int, action: Action) -> None:
         assert f"maxPreemptions={limit}" in d.message
 
 
-def test_preemption_never_spends_restarts_or_the_streak_and_never_backs_off() -> None:
+def test_a_first_preemption_spends_neither_restarts_nor_the_streak_and_does_not_wait() -> None:
     policy = restart_policy(max_restarts=3, crash_loop_limit=3)
     counters = Counters(restarts=3, consecutive_failures=2, bad_checkpoints=(7,))
 
@@ -139,7 +150,7 @@ def test_preemption_never_spends_restarts_or_the_streak_and_never_backs_off() ->
 
     assert d.action is Action.RESUBMIT
     assert d.counters == Counters(
-        restarts=3, preemptions=1, consecutive_failures=2, bad_checkpoints=(7,)
+        restarts=3, preemptions=1, consecutive_failures=2, bad_checkpoints=(7,), stalled=1
     )
     assert d.delay_seconds == 0
     assert d.reason == "Preempted"
@@ -287,7 +298,7 @@ def test_bad_checkpoint_records_the_step_and_spends_nothing() -> None:
     d = decide(CHECKPOINT_BAD, counters, policy, resume_step=200, latest_step=200)
 
     assert d.action is Action.RESUBMIT
-    assert d.counters == Counters(bad_checkpoints=(300, 200))
+    assert d.counters == Counters(bad_checkpoints=(300, 200), stalled=1)
     assert d.delay_seconds == 0
     assert d.reason == "CheckpointBad"
     assert "200" in d.message
@@ -302,11 +313,103 @@ def test_bad_checkpoint_already_recorded_is_not_recorded_twice() -> None:
     assert d.counters.bad_checkpoints == (200,)
 
 
-def test_bad_checkpoint_without_a_resume_step_records_nothing() -> None:
-    d = decide(CHECKPOINT_BAD, Counters(), restart_policy(), resume_step=None, latest_step=None)
+def test_bad_checkpoint_with_nothing_to_fall_back_from_does_not_loop() -> None:
+    # The attempt resumed from no checkpoint: nothing to mark bad, and the next attempt would
+    # start the same way. Resubmitting at once, spending nothing, was a hot loop.
+    policy = restart_policy(max_restarts=10, crash_loop_limit=3)
+    counters, decisions = Counters(), []
+    for _ in range(3):
+        d = decide(CHECKPOINT_BAD, counters, policy, resume_step=None, latest_step=None)
+        decisions.append(d)
+        counters = d.counters
 
-    assert d.action is Action.RESUBMIT
-    assert d.counters.bad_checkpoints == ()
+    assert [d.action for d in decisions] == [Action.RESUBMIT, Action.RESUBMIT, Action.FAIL]
+    assert [d.delay_seconds for d in decisions[:2]] == [10, 20]
+    assert [d.reason for d in decisions] == [REASON_FAILED_ATTEMPT] * 2 + [REASON_CRASH_LOOP]
+    assert "resumed from none" in decisions[0].message
+    assert (counters.restarts, counters.bad_checkpoints) == (3, ())
+
+
+# -- pace: no hot loop, whatever the class --------------------------------------------------
+
+
+def _in_a_row(policy: RestartPolicySpec, outcomes: list[Outcome]) -> list[Decision]:
+    """Each outcome ends an attempt that resumed from 100 with 100 still the newest: no
+    progress."""
+    counters, decisions = Counters(), []
+    for outcome in outcomes:
+        d = decide(outcome, counters, policy, **NO_PROGRESS)
+        decisions.append(d)
+        counters = d.counters
+    return decisions
+
+
+@pytest.mark.parametrize(
+    ("outcomes", "delays"),
+    [
+        pytest.param([PREEMPTED] * 7, [0, 10, 20, 40, 80, 160, 300], id="preemptions"),
+        pytest.param([CHECKPOINT_BAD] * 4, [0, 10, 20, 40], id="bad-checkpoints"),
+        pytest.param([FAILED] * 4, [10, 20, 40, 80], id="failures-as-before"),
+        pytest.param(
+            [PREEMPTED, FAILED, CHECKPOINT_BAD, PREEMPTED, FAILED, CHECKPOINT_BAD],
+            [0, 20, 20, 40, 160, 160],
+            id="mixed-classes-share-one-streak",
+        ),
+    ],
+)
+def test_repeated_endings_without_progress_back_off(
+    outcomes: list[Outcome], delays: list[int]
+) -> None:
+    policy = restart_policy(max_restarts=100, crash_loop_limit=100)
+
+    decisions = _in_a_row(policy, outcomes)
+
+    assert [d.action for d in decisions] == [Action.RESUBMIT] * len(outcomes)
+    assert [d.delay_seconds for d in decisions] == delays
+    assert [d.counters.stalled for d in decisions] == list(range(1, len(outcomes) + 1))
+
+
+def test_repeated_preemptions_spend_only_their_own_budget() -> None:
+    policy = restart_policy(max_restarts=0, crash_loop_limit=1)
+
+    decisions = _in_a_row(policy, [PREEMPTED] * 20)
+
+    assert all(d.action is Action.RESUBMIT for d in decisions)
+    last = decisions[-1].counters
+    assert (last.restarts, last.consecutive_failures, last.preemptions) == (0, 0, 20)
+
+
+@pytest.mark.parametrize("stalled", [0, 1, 5, 50], ids=lambda n: f"after-{n}-stalled")
+def test_a_preemption_after_progress_resubmits_at_once(stalled: int) -> None:
+    counters = Counters(restarts=2, consecutive_failures=2, stalled=stalled)
+
+    d = decide(PREEMPTED, counters, restart_policy(), **PROGRESS)
+
+    assert (d.action, d.delay_seconds) == (Action.RESUBMIT, 0)
+    assert d.counters.stalled == 0
+    assert d.counters.consecutive_failures == 2  # preemptions never reset the crash-loop streak
+
+
+def test_a_failure_after_a_streak_of_preemptions_waits_the_streaks_backoff() -> None:
+    d = decide(FAILED, Counters(stalled=3), restart_policy(), **NO_PROGRESS)
+
+    assert (d.counters.consecutive_failures, d.counters.stalled) == (1, 4)
+    assert d.delay_seconds == 80
+
+
+@pytest.mark.parametrize("given", [NO_PROGRESS, PROGRESS], ids=["no-progress", "progress"])
+def test_a_pause_neither_grows_nor_resets_the_streak_and_never_waits(given: dict[str, int]) -> None:
+    d = decide(PAUSED, Counters(stalled=4), restart_policy(), **given)
+
+    assert (d.action, d.delay_seconds, d.counters.stalled) == (Action.RESUBMIT, 0, 4)
+
+
+def test_repeated_evictions_without_progress_back_off() -> None:
+    # "Evicted" is Kueue's reason and the kubelet's (node pressure: a trainer filling its disk
+    # is evicted again in every attempt).
+    decisions = _in_a_row(restart_policy(), [EVICTED] * 3)
+
+    assert [d.delay_seconds for d in decisions] == [0, 10, 20]
 
 
 def test_decide_refuses_an_attempt_that_has_not_ended() -> None:

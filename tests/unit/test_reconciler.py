@@ -10,7 +10,10 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
   it but before the status write): a new Reconciler makes exactly one pod for the attempt;
 - a pod holding the attempt's name that is not the run's: never adopted, PodNameTaken said at
   once and again only after a minute;
-- a missing credentials Secret fails the run with MissingSecret in status, condition and Event;
+- a missing credentials Secret is waited for (the Waiting condition, status.reason and one
+  Event say why; tries thin out) and fails the run after secretWaitSeconds; back in time, the
+  attempt starts and Waiting turns False; an unreadable bucket manifest holds the start the same
+  way;
 - two Reconcilers in one process, each with its own metrics registry, and no thread started;
 - pods of older attempts go away for sure: a DELETE refused once is sent again at the next
   pass; DELETEs refused every time never stop the next attempt's pod, and the pod is reported
@@ -21,6 +24,9 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
   deleted; a run that failed keeps deleting its last pod after a refused DELETE;
 - the next attempt (and its fence) waits while the old pod's sidecar uploads the trainer's last
   save, up to the pod's grace period;
+- no hot loop from a template that fakes the operator's signals (the notice annotation, an init
+  container named like the restore exiting with the checkpoint-bad code) with a trainer that
+  keeps failing: over 45 s the pods stay few and the run ends as a crash loop;
 - the unprotected-run warning: the pass comes back at the deadline, reads the bucket manifest
   then even when the last refresh is recent (a commit since it protects, no warning), and warns
   once; ``status.latestCheckpoint.format`` is the format of the manifest entry (hf without one).
@@ -36,12 +42,13 @@ from typing import Any, cast
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.unit.builders import NAMESPACE, PodBuilder, make_node, make_pod, make_run
+from tests.unit.builders import NAMESPACE, T0, PodBuilder, make_node, make_pod, make_run
 from tests.unit.fakes import Clock, FakeBucket, FakeKube
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
     ANNOTATION_RESUME_STEP,
     ANNOTATION_STOP,
+    EXIT_CHECKPOINT_BAD,
     EXIT_STOPPED,
     LABEL_ATTEMPT,
     LABEL_RUN,
@@ -53,7 +60,8 @@ from trainingrun.contract import (
 from trainingrun.decide import reasons as R
 from trainingrun.decide.oldpods import Timing
 from trainingrun.decide.pod import run_prefix
-from trainingrun.manifest import Layout
+from trainingrun.decide.waits import MIN_RETRY_SECONDS
+from trainingrun.manifest import RUN_MANIFEST, Layout
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.reconciler import Reconciler
 from trainingrun.settings import OperatorSettings
@@ -244,7 +252,11 @@ def test_a_pod_of_the_attempts_name_that_is_not_the_runs_is_never_adopted() -> N
     again = w.reconcile()
 
     assert again == OperatorSettings().name_taken_retry_seconds
-    assert w.status().get("activePod") is None
+    status = w.status()
+    assert status.get("activePod") is None
+    assert (status["phase"], status["reason"]) == ("Pending", R.POD_NAME_TAKEN)
+    assert "owned by TrainingRun/other" in status["message"]
+    assert condition(status, R.WAITING)["reason"] == R.POD_NAME_TAKEN
     assert w.events.reasons() == [R.POD_NAME_TAKEN]
     assert "owned by TrainingRun/other" in w.events.posted[0][2]
 
@@ -256,18 +268,76 @@ def test_a_pod_of_the_attempts_name_that_is_not_the_runs_is_never_adopted() -> N
     assert w.events.reasons() == [R.POD_NAME_TAKEN, R.POD_NAME_TAKEN]
 
 
-def test_missing_secret_fails_with_one_reason_everywhere() -> None:
+def test_a_missing_secret_is_waited_for_with_its_reason_in_status_then_fails_the_run() -> None:
     w = World(secret="creds")
 
+    assert w.reconcile() == MIN_RETRY_SECONDS
+
+    status = w.status()
+    assert (status["phase"], status["reason"]) == ("Pending", R.MISSING_SECRET)
+    assert "creds" in status["message"] and "retrying for up to 600 s" in status["message"]
+    waiting = condition(status, R.WAITING)
+    assert (waiting["status"], waiting["reason"]) == ("True", R.MISSING_SECRET)
+    assert [(t, r) for t, r, _ in w.events.posted] == [("Warning", R.MISSING_SECRET)]
+
+    # Still missing: tried less often as the wait grows, said once, no pod.
+    w.clock.advance(200)
+    assert w.reconcile() == 50.0
+    w.clock.advance(399)
+    assert w.reconcile() == 60.0
+    assert w.events.reasons() == [R.MISSING_SECRET]
+    assert w.status()["phase"] == "Pending"
+
+    w.clock.advance(1)  # secretWaitSeconds (600 s) have passed
     assert w.reconcile() is None
 
     status = w.status()
-    assert status["phase"] == "Failed"
-    assert status["reason"] == R.MISSING_SECRET
+    assert (status["phase"], status["reason"]) == ("Failed", R.MISSING_SECRET)
     assert condition(status, R.FAILED)["reason"] == R.MISSING_SECRET
-    assert [(t, r) for t, r, _ in w.events.posted] == [("Warning", R.MISSING_SECRET)]
-    assert "creds" in status["message"]
+    assert w.events.reasons() == [R.MISSING_SECRET, R.MISSING_SECRET]
     assert w.kube.creates == []
+
+
+def test_a_secret_back_within_the_wait_starts_the_attempt_and_ends_the_wait() -> None:
+    w = World(secret="creds")
+    w.reconcile()
+    w.kube.secrets[(NAMESPACE, "creds")] = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "k"}
+
+    w.clock.advance(4)
+    w.reconcile()
+    assert w.kube.creates == []  # its absence is trusted for 5 s
+    w.clock.advance(2)
+    w.reconcile()
+
+    assert w.kube.creates == ["r1-1"]
+    status = w.status()
+    assert (status["phase"], status["reason"]) == ("Running", R.STARTED)
+    waiting = condition(status, R.WAITING)
+    assert (waiting["status"], waiting["reason"]) == ("False", R.WAIT_OVER)
+    assert w.events.reasons() == [R.MISSING_SECRET, R.STARTED]
+
+
+def test_an_unreadable_manifest_holds_the_start_with_its_reason_in_status() -> None:
+    w = World()
+    w.bucket.put(w.location.key(RUN_MANIFEST), b"{not json")
+
+    assert w.reconcile() == MIN_RETRY_SECONDS
+    w.clock.advance(10)
+    w.reconcile()
+
+    status = w.status()
+    assert (status["phase"], status["reason"]) == ("Pending", R.MANIFEST_UNREADABLE)
+    assert RUN_MANIFEST in status["message"]
+    assert condition(status, R.WAITING)["status"] == "True"
+    assert w.events.reasons() == [R.MANIFEST_UNREADABLE]  # once, not at every retry
+    assert w.kube.creates == []
+
+    w.bucket.objects.pop(w.location.key(RUN_MANIFEST))
+    w.clock.advance(10)
+    w.reconcile()
+
+    assert w.kube.creates == ["r1-1"]
+    assert condition(w.status(), R.WAITING)["status"] == "False"
 
 
 def test_a_secret_that_exists_reaches_the_store_and_the_pod_starts() -> None:
@@ -509,6 +579,53 @@ def test_a_sidecar_that_never_stops_holds_the_next_attempt_for_its_grace_period_
     w.clock.advance(2)
     w.reconcile()
     assert w.kube.creates == ["r1-1", "r1-2"]
+
+
+# -- no hot loop --------------------------------------------------------------------------------
+
+
+def _fake_signal(template: dict[str, Any], fake: str) -> None:
+    if fake == "notice-annotation":
+        template["metadata"]["annotations"][ANNOTATION_NOTICE] = "faked"
+    else:
+        user = {"name": RESTORE_CONTAINER, "image": "busybox", "command": ["false"]}
+        template["spec"].setdefault("initContainers", []).append(user)
+
+
+def _end_as_the_kubelet_would(w: World, name: str, fake: str) -> None:
+    """The trainer exits 1, or the user's init container named like the restore exits 3."""
+    pod = make_pod(name).on_node("n1")
+    if fake == "notice-annotation":
+        w.report(pod.trainer_exited(1))
+    else:
+        w.report(pod.init_exited(RESTORE_CONTAINER, EXIT_CHECKPOINT_BAD))
+
+
+@pytest.mark.parametrize("fake", ["notice-annotation", "init-container-named-like-the-restore"])
+def test_a_template_faking_the_operators_signals_makes_no_hot_loop(fake: str) -> None:
+    """Each pod ends as soon as it is created and the operator passes five times a second:
+    the faked signal made every failure a preemption or a bad checkpoint with nothing to fall
+    back from, resubmitted at once (attempt 224 after 45 s). Now they are failures: backoff,
+    then a crash loop."""
+    w = World()
+    _fake_signal(w.kube.runs[(NAMESPACE, RUN)]["spec"]["template"], fake)
+    w.kube.nodes["n1"] = make_node("n1").build()
+
+    while w.clock.now() < T0 + timedelta(seconds=45):
+        for (_, name), pod in list(w.kube.pods.items()):
+            if pod["status"].get("phase") == "Pending":
+                _end_as_the_kubelet_would(w, name, fake)
+        w.reconcile()
+        w.clock.advance(0.2)
+
+    created = sorted(set(w.kube.creates))
+    assert len(created) <= 5, f"{len(created)} pods in 45 s: {created[:3]}...{created[-3:]}"
+    status = w.status()
+    assert (status["phase"], status["reason"], status["preemptions"]) == (
+        "Failed",
+        R.CRASH_LOOP,
+        0,
+    )
 
 
 # -- the unprotected-run warning ---------------------------------------------------------------

@@ -1,12 +1,16 @@
 """OperatorSettings.from_env: defaults with nothing set, each variable read, and every malformed
-value refused with a ConfigurationError that names the variable."""
+value refused with a ConfigurationError that names the variable; the agents' resources as JSON
+(requests and limits, quantities checked), an empty object meaning none, and the resources
+reaching the containers ``build_pod`` makes."""
 
 from __future__ import annotations
 
 import pytest
 
+from tests.unit.builders import make_run
+from trainingrun import contract as c
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
-from trainingrun.decide.pod import AgentSettings
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.settings import ConfigurationError, OperatorSettings
 
 
@@ -27,9 +31,15 @@ def test_every_variable_is_read() -> None:
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "2.5",
             "TRAININGRUN_NOTICE_TAINTS": " example.com/reclaim, ,other/notice ",
             "TRAININGRUN_WORKERS": "3",
+            "TRAININGRUN_AGENT_RESOURCES": '{"requests": {"cpu": "250m", "memory": 256}, '
+            '"limits": {"memory": "1Gi"}}',
         }
     )
     assert (s.agent.image, s.agent.image_pull_policy) == ("reg.example/agent:7", "Always")
+    assert s.agent.resources == {
+        "requests": {"cpu": "250m", "memory": "256"},
+        "limits": {"memory": "1Gi"},
+    }
     assert (s.resync_seconds, s.checkpoint_refresh_seconds, s.workers) == (30.0, 2.5, 3)
     assert s.extra_notice_taints == ("example.com/reclaim", "other/notice")
     assert s.notice_taints[-2:] == ("example.com/reclaim", "other/notice")
@@ -46,9 +56,41 @@ def test_every_variable_is_read() -> None:
         ("TRAININGRUN_WORKERS", "0", ">= 1"),
         ("TRAININGRUN_WORKERS", "2.5", "whole number"),
         ("TRAININGRUN_AGENT_PULL_POLICY", "Sometimes", "Always, IfNotPresent, Never"),
+        ("TRAININGRUN_AGENT_RESOURCES", "limits: {memory: 1Gi}", "is not JSON"),
+        ("TRAININGRUN_AGENT_RESOURCES", '["100m"]', "only requests and limits"),
+        ("TRAININGRUN_AGENT_RESOURCES", '{"claims": {}}', "only requests and limits"),
+        ("TRAININGRUN_AGENT_RESOURCES", '{"limits": "512Mi"}', "must be an object"),
+        ("TRAININGRUN_AGENT_RESOURCES", '{"limits": {"memory": "512MiB"}}', "not a Kubernetes"),
+        ("TRAININGRUN_AGENT_RESOURCES", '{"limits": {"memory": true}}', "not a Kubernetes"),
+        ("TRAININGRUN_AGENT_RESOURCES", '{"requests": {"cpu": "1 core"}}', "requests.cpu"),
     ],
 )
 def test_malformed_values_are_refused_by_name(name: str, value: str, words: str) -> None:
     with pytest.raises(ConfigurationError, match=name) as err:
         OperatorSettings.from_env({name: value})
     assert words in str(err.value)
+
+
+def test_default_agent_resources() -> None:
+    resources = OperatorSettings.from_env({}).agent.resources
+    assert resources == {
+        "requests": {"cpu": "100m", "memory": "128Mi"},
+        "limits": {"memory": "512Mi"},
+    }
+
+
+def test_empty_agent_resources_mean_none() -> None:
+    assert OperatorSettings.from_env({"TRAININGRUN_AGENT_RESOURCES": "{}"}).agent.resources == {}
+
+
+def test_agent_resources_reach_the_agent_containers() -> None:
+    settings = OperatorSettings.from_env(
+        {"TRAININGRUN_AGENT_RESOURCES": '{"limits": {"memory": "2Gi", "cpu": "2"}}'}
+    )
+    ref = make_run("r1").ref()
+    pod = build_pod(ref, 2, resume_of(ref, 10), settings.agent, epoch=2)
+    agents = {c["name"]: c["resources"] for c in pod["spec"]["initContainers"]}
+    assert agents == {
+        c.RESTORE_CONTAINER: {"limits": {"memory": "2Gi", "cpu": "2"}},
+        c.SYNC_CONTAINER: {"limits": {"memory": "2Gi", "cpu": "2"}},
+    }

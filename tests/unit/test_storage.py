@@ -99,7 +99,7 @@ class Bucket:
         elif how == "malformed-manifest":
             objects[self.key(step, CHECKPOINT_MANIFEST)] = b'{"version": 1, "files": ['
         elif how == "nested-manifest":
-            objects[self.key(step, CHECKPOINT_MANIFEST)] = b"[" * 100_000
+            objects[self.key(step, CHECKPOINT_MANIFEST)] = b"[" * 20_000
         elif how == "manifest-of-other-step":
             objects[self.key(step, CHECKPOINT_MANIFEST)] = objects[
                 self.key(step, CHECKPOINT_MANIFEST)

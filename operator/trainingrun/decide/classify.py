@@ -8,9 +8,18 @@
 | pod deleted by someone else (gone, or stopped while deleting) | Preempted     |
 | notice taint on the node or notice annotation, then an end   | Preempted     |
 | non-zero exit, OOMKilled                                     | Failed        |
-| restore exited with the checkpoint-bad code                  | CheckpointBad |
+| the operator's restore exited with the checkpoint-bad code  | CheckpointBad |
 | image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
+
+The checkpoint-bad exit code counts only from the restore the operator added: the init container
+``RESTORE_CONTAINER`` of a pod that carries the operator's resume annotation. ``build_pod`` sets
+that annotation exactly when it adds its restore and drops every ``trainingrun.dev/*`` key of the
+template, so a template cannot fake it, and a user container of the same name cannot sit beside
+the operator's (the API server refuses two containers of one name). A user container of that
+name in a pod that resumes from nothing (a template made before names were reserved) exiting
+with that code is a plain failure. (The containers' spec cannot tell: the reconciler's pod cache
+keeps none of it.)
 """
 
 from __future__ import annotations
@@ -23,6 +32,7 @@ from typing import Any
 
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
+    ANNOTATION_RESUME_STEP,
     EXIT_CHECKPOINT_BAD,
     RESTORE_CONTAINER,
     TIME_FORMAT,
@@ -98,6 +108,13 @@ def container_status(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | N
     return None
 
 
+def operators_restore(pod: Mapping[str, Any]) -> bool:
+    """The pod's ``RESTORE_CONTAINER`` is the restore the operator added (module docstring):
+    the pod carries the operator's resume annotation."""
+    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    return str(annotations.get(ANNOTATION_RESUME_STEP, "")).isdigit()
+
+
 def _terminated(status: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
     if not status:
         return None
@@ -158,7 +175,7 @@ def classify(
         return disrupted
 
     restore = _terminated(container_status(pod, RESTORE_CONTAINER))
-    if restore and restore.get("exitCode") == EXIT_CHECKPOINT_BAD:
+    if restore and restore.get("exitCode") == EXIT_CHECKPOINT_BAD and operators_restore(pod):
         msg = str(restore.get("message") or "restore found the checkpoint corrupt")
         return Outcome(End.CHECKPOINT_BAD, R.CHECKPOINT_BAD, msg.strip())
 

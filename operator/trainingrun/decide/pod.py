@@ -5,6 +5,8 @@ Shape: the user's template with its ``trainer`` container; a restore init contai
 resuming); the sync sidecar as a native sidecar (init container with ``restartPolicy: Always``);
 an ``emptyDir`` checkpoint volume at ``spec.checkpoint.localPath`` in all three; the
 ``TRAININGRUN_*`` environment; credentials by ``secretKeyRef`` only; ``restartPolicy: Never``.
+The template's labels and annotations are kept except the operator's own (``trainingrun.dev/*``
+and its subdomains): those are the signals it reads back from the pod, set by it alone.
 
 A gang (``spec.replicas`` > 1) is one such pod per rank, ``<run>-<attempt>-<rank>``, with the
 rank label, ``hostname`` and ``subdomain`` so that the run's headless Service (``build_service``)
@@ -119,6 +121,20 @@ def resume_of(run: RunRef, step: int | None, path: str | None = None) -> Resume 
         return None
     uri = f"{run_prefix(run)}/{checkpoint_prefix(step)}"
     return Resume(step=step, uri=uri, path=checkpoint_dirname(step) if path is None else path)
+
+
+def reserved_key(key: str) -> bool:
+    """A label or annotation key of the operator's own: prefix ``trainingrun.dev`` or a
+    subdomain of it (as Kubernetes reserves ``kubernetes.io`` and ``*.kubernetes.io``)."""
+    prefix, domain = key.partition("/")[0].lower(), c.RESERVED_DOMAIN
+    return prefix == domain or prefix.endswith("." + domain)
+
+
+def _users(keys: dict[str, Any] | None) -> dict[str, Any]:
+    """The template's labels or annotations without the operator's keys: a pod's
+    ``trainingrun.dev/*`` keys are signals the operator reads back (a preemption notice, the
+    step it resumes from, a stop), which the user's template must not fake."""
+    return {k: v for k, v in (keys or {}).items() if not reserved_key(k)}
 
 
 def _env(name: str, value: str) -> dict[str, Any]:
@@ -320,12 +336,8 @@ def build_pod(
 
     ours = (c.CHECKPOINT_VOLUME, c.PODINFO_VOLUME)
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
-    labels = {
-        **(meta.get("labels") or {}),
-        c.LABEL_RUN: run.name,
-        c.LABEL_ATTEMPT: str(attempt),
-    }
-    annotations = dict(meta.get("annotations") or {})
+    labels = {**_users(meta.get("labels")), c.LABEL_RUN: run.name, c.LABEL_ATTEMPT: str(attempt)}
+    annotations = _users(meta.get("annotations"))
     if resume:
         annotations[c.ANNOTATION_RESUME_STEP] = str(resume.step)
     name = pod_name(run.name, attempt, rank, spec.replicas)

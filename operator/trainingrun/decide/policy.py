@@ -1,14 +1,30 @@
 """What to do after an attempt ended: resubmit (now or after a backoff), finish, or fail.
 
-Preemptions spend ``maxPreemptions`` and never the failure budget; failures spend
+Budgets: preemptions spend ``maxPreemptions`` and never the failure budget; failures spend
 ``maxRestarts``; ``crashLoopLimit`` failures in a row without a new committed checkpoint end the
 run as a crash loop; a corrupt checkpoint spends neither and is recorded as bad; a pause
 (``spec.suspend``) spends nothing. An eviction by Kueue is a preemption.
+
+Pace: no class of ending may make pods in a hot loop. Every ending (preempted, checkpoint-bad or
+failed) that brought no new committed checkpoint since its attempt started adds one to the
+``stalled`` streak; one that did resets it. After a preemption or a bad checkpoint the next
+attempt waits ``backoff_seconds(stalled - 1)``: at once after progress and for the first such
+ending in a row (a spot reclaim before the first save), then 10 s, 20 s, 40 s... with the
+default backoff. After a failure it waits ``backoff_seconds`` of the longer of the stalled and
+crash-loop streaks, at least the first step, as before. A bad checkpoint is never progress (its
+attempt never trained). The streak paces, it spends no budget; a pause neither grows nor resets
+it and never waits. (An eviction by Kueue counts as a preemption here too: its reason,
+``Evicted``, is also the kubelet's for a node-pressure eviction, which can repeat fast.)
+
+A checkpoint-bad ending with nothing to fall back from (the attempt resumed from no checkpoint,
+so the operator added no restore to refuse one) cannot mark anything bad and would only retry
+the same start: it counts as a failure of the attempt (maxRestarts, the crash-loop streak, the
+backoff).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from trainingrun.api import RestartPolicySpec
@@ -26,8 +42,11 @@ class Action(Enum):
 class Counters:
     restarts: int = 0
     preemptions: int = 0
-    consecutive_failures: int = 0
+    consecutive_failures: int = 0  # the crash-loop streak: failures only
     bad_checkpoints: tuple[int, ...] = ()
+    # Endings in a row, whatever their class, with no new committed checkpoint: the backoff
+    # streak (module docstring).
+    stalled: int = 0
 
 
 @dataclass(frozen=True)
@@ -39,13 +58,25 @@ class Decision:
     delay_seconds: int = 0
 
 
-def backoff_seconds(policy: RestartPolicySpec, consecutive_failures: int) -> int:
-    """Wait before the next attempt after ``consecutive_failures`` failures in a row (>= 1)."""
-    if consecutive_failures <= 0:
+def backoff_seconds(policy: RestartPolicySpec, streak: int) -> int:
+    """Wait before the next attempt after ``streak`` endings in a row without progress (0: none,
+    no wait)."""
+    if streak <= 0:
         return 0
     b = policy.backoff
-    delay = b.initial_seconds * b.factor ** (consecutive_failures - 1)
+    delay = b.initial_seconds * b.factor ** (streak - 1)
     return int(min(delay, b.max_seconds))
+
+
+def progressed(counters: Counters, resume_step: int | None, latest_step: int | None) -> bool:
+    """The attempt made progress: the newest committed checkpoint is newer than the one it
+    started from (or exists, for a fresh start), and did not fail verification (it cannot be
+    resumed from)."""
+    return (
+        latest_step is not None
+        and latest_step not in counters.bad_checkpoints
+        and (resume_step is None or latest_step > resume_step)
+    )
 
 
 def decide(
@@ -59,8 +90,8 @@ def decide(
     """The next step after ``outcome``.
 
     ``resume_step`` is the checkpoint step the ended attempt started from (None: fresh start);
-    ``latest_step`` is the newest committed step now. A failure with no newer checkpoint than
-    the attempt started from continues a crash-loop streak.
+    ``latest_step`` is the newest committed step now. An ending with no newer checkpoint than
+    the attempt started from continues the stalled streak (a failure, the crash-loop one too).
     """
     if outcome.end is End.SUCCEEDED:
         return Decision(Action.FINISH, counters, R.SUCCEEDED, outcome.message)
@@ -69,34 +100,58 @@ def decide(
     if outcome.end is End.PAUSED:
         return Decision(Action.RESUBMIT, counters, R.PAUSED, outcome.message)
     if outcome.end is End.CHECKPOINT_BAD:
-        return _checkpoint_bad(outcome, counters, resume_step)
+        return _checkpoint_bad(outcome, counters, policy, resume_step, latest_step)
     if outcome.end is End.PREEMPTED:
-        return _preempted(outcome, counters, policy)
+        return _preempted(outcome, counters, policy, resume_step, latest_step)
     if outcome.end is End.FAILED:
         return _failed(outcome, counters, policy, resume_step, latest_step)
     raise ValueError(f"decide() needs an ended attempt, got {outcome.end}")
 
 
-def _checkpoint_bad(outcome: Outcome, counters: Counters, resume_step: int | None) -> Decision:
+def _checkpoint_bad(
+    outcome: Outcome,
+    counters: Counters,
+    policy: RestartPolicySpec,
+    resume_step: int | None,
+    latest_step: int | None,
+) -> Decision:
     """The restore refused the checkpoint: record it as bad and resume from the one before,
-    spending no budget."""
+    spending no budget; a bad checkpoint is no progress, so one after other endings without
+    progress waits. With no checkpoint to mark (a fresh start), a failure."""
+    if resume_step is None:
+        failure = Outcome(
+            End.FAILED,
+            R.INIT_FAILED,
+            "the restore reported a bad checkpoint, but the attempt resumed from none; "
+            f"counted as a failure: {outcome.message}",
+        )
+        return _failed(failure, counters, policy, resume_step, latest_step)
     bad = counters.bad_checkpoints
-    if resume_step is not None and resume_step not in bad:
+    if resume_step not in bad:
         bad = (*bad, resume_step)
+    stalled = counters.stalled + 1
     return Decision(
         Action.RESUBMIT,
-        Counters(counters.restarts, counters.preemptions, counters.consecutive_failures, bad),
+        replace(counters, bad_checkpoints=bad, stalled=stalled),
         R.CHECKPOINT_BAD,
         f"checkpoint {resume_step} failed verification; falling back: {outcome.message}",
+        delay_seconds=backoff_seconds(policy, stalled - 1),
     )
 
 
-def _preempted(outcome: Outcome, counters: Counters, policy: RestartPolicySpec) -> Decision:
-    """A preemption spends ``maxPreemptions`` (unlimited by default), never the restarts."""
+def _preempted(
+    outcome: Outcome,
+    counters: Counters,
+    policy: RestartPolicySpec,
+    resume_step: int | None,
+    latest_step: int | None,
+) -> Decision:
+    """A preemption spends ``maxPreemptions`` (unlimited by default), never the restarts. The
+    next attempt starts at once after progress or the first time in a row without, else after
+    the backoff."""
     preemptions = counters.preemptions + 1
-    new = Counters(
-        counters.restarts, preemptions, counters.consecutive_failures, counters.bad_checkpoints
-    )
+    stalled = 0 if progressed(counters, resume_step, latest_step) else counters.stalled + 1
+    new = replace(counters, preemptions=preemptions, stalled=stalled)
     limit = policy.max_preemptions
     if limit is not None and preemptions > limit:
         return Decision(
@@ -105,7 +160,13 @@ def _preempted(outcome: Outcome, counters: Counters, policy: RestartPolicySpec) 
             R.PREEMPTIONS_EXHAUSTED,
             f"preempted {preemptions} times, more than maxPreemptions={limit}",
         )
-    return Decision(Action.RESUBMIT, new, R.PREEMPTED, f"{outcome.reason}: {outcome.message}")
+    return Decision(
+        Action.RESUBMIT,
+        new,
+        R.PREEMPTED,
+        f"{outcome.reason}: {outcome.message}",
+        delay_seconds=backoff_seconds(policy, stalled - 1),
+    )
 
 
 def _failed(
@@ -115,18 +176,13 @@ def _failed(
     resume_step: int | None,
     latest_step: int | None,
 ) -> Decision:
-    """A failure spends ``maxRestarts``; without progress it continues a crash-loop streak,
-    and the next attempt waits out the backoff."""
+    """A failure spends ``maxRestarts``; without progress it continues the crash-loop streak
+    (and the stalled one), and the next attempt waits out the backoff of the longer one."""
     restarts = counters.restarts + 1
-    # Progress: a checkpoint newer than the one the attempt started from, and not one that
-    # failed verification (it cannot be resumed from, so it does not end a crash loop).
-    progressed = (
-        latest_step is not None
-        and latest_step not in counters.bad_checkpoints
-        and (resume_step is None or latest_step > resume_step)
-    )
-    streak = 0 if progressed else counters.consecutive_failures + 1
-    new = Counters(restarts, counters.preemptions, streak, counters.bad_checkpoints)
+    moved = progressed(counters, resume_step, latest_step)
+    streak = 0 if moved else counters.consecutive_failures + 1
+    stalled = 0 if moved else counters.stalled + 1
+    new = replace(counters, restarts=restarts, consecutive_failures=streak, stalled=stalled)
     if restarts > policy.max_restarts:
         return Decision(
             Action.FAIL,
@@ -147,5 +203,5 @@ def _failed(
         new,
         R.FAILED_ATTEMPT,
         f"{outcome.reason}: {outcome.message}",
-        delay_seconds=backoff_seconds(policy, max(streak, 1)),
+        delay_seconds=backoff_seconds(policy, max(streak, stalled, 1)),
     )

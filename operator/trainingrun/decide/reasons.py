@@ -15,6 +15,7 @@ FAILED = "Failed"
 PROTECTED = "Protected"  # the running attempt has committed a checkpoint since its trainer started
 SUSPENDED = "Suspended"  # True while spec.suspend holds the run (decide.hold)
 ADMITTED = "Admitted"  # a queued run's admission by Kueue: False while it waits (decide.hold)
+WAITING = "Waiting"  # True while the next attempt's start is held back (decide.waits)
 
 # -- how an attempt starts --------------------------------------------------------------------
 
@@ -52,7 +53,10 @@ WORKLOAD_FAILED = "WorkloadFailed"  # the run's Workload cannot be created or re
 INVALID_SPEC = "InvalidSpec"
 MISSING_SECRET = "MissingSecret"  # noqa: S105 - a reason, not a secret
 
-# -- why the operator waits (Events) ----------------------------------------------------------
+# -- why the operator waits (the Waiting condition and Events, decide.waits) -------------------
+
+WAIT_OVER = "WaitOver"  # Waiting False: the attempt started
+MANIFEST_UNREADABLE = "ManifestUnreadable"  # the bucket manifest cannot be read or is refused
 
 STORAGE_UNAVAILABLE = "StorageUnavailable"
 CHECKPOINT_SKIPPED = "CheckpointSkipped"

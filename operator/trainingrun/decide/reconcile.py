@@ -291,9 +291,19 @@ def _attempt_label(obs: Observed, attempt: int, first: str) -> str:
     return f"attempt {attempt} ({first if replicas == 1 else f'{replicas} pods'})"
 
 
+def counters_of(s: TrainingRunStatus) -> Counters:
+    """The policy's counters as the status records them."""
+    return Counters(
+        s.restarts,
+        s.preemptions,
+        s.consecutive_failures,
+        (*s.bad_checkpoints,),
+        s.stalled_attempts,
+    )
+
+
 def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
-    s = status
-    counters = Counters(s.restarts, s.preemptions, s.consecutive_failures, (*s.bad_checkpoints,))
+    counters = counters_of(status)
     latest_step = status.latest_checkpoint.step if status.latest_checkpoint else None
     # The pod's annotation is the record of what it resumed from, even when the status write
     # after its creation was lost.
@@ -310,6 +320,7 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         "restarts": c.restarts,
         "preemptions": c.preemptions,
         "consecutive_failures": c.consecutive_failures,
+        "stalled_attempts": c.stalled,
         "bad_checkpoints": list(c.bad_checkpoints),
         "active_pod": None,
         "reason": d.reason,
