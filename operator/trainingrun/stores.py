@@ -150,11 +150,12 @@ class RunStores:
         self._open_lock = threading.Lock()  # making a client
         self.slots = EndpointSlots(max_in_flight)
 
-    def store_for(self, namespace: str, storage: StorageSpec) -> Store:
-        """The store of a run's bucket with the run's own credentials. Raises MissingSecret."""
+    def store_for(self, namespace: str, storage: StorageSpec, fresh: bool = False) -> Store:
+        """The store of a run's bucket with the run's own credentials; ``fresh``: with the
+        Secret as it is now, not as cached. Raises MissingSecret."""
         creds = None
         if storage.credentials_secret:
-            data = self._secret(namespace, storage.credentials_secret)
+            data = self._secret(namespace, storage.credentials_secret, fresh)
             try:
                 creds = secret_credentials(namespace, storage.credentials_secret, data)
             except CredentialsSecretError as e:
@@ -192,7 +193,7 @@ class RunStores:
             while len(self._stores) > self._max_stores:
                 self._stores.popitem(last=False)
 
-    def _secret(self, namespace: str, name: str) -> dict[str, str] | None:
+    def _secret(self, namespace: str, name: str, fresh: bool = False) -> dict[str, str] | None:
         """The Secret's data, read at most once per TTL per Secret: every pass needs the
         credentials, and reading them each time loads the API server. Its absence is trusted
         for ``ABSENT_SECRET_TTL_SECONDS`` only: a start waits for it (decide.waits), and goes on
@@ -201,7 +202,7 @@ class RunStores:
         now = self._monotonic()
         cached = self._secret_cache.get(key)
         ttl = self._ttl if cached and cached[1] is not None else ABSENT_SECRET_TTL_SECONDS
-        if cached and now - cached[0] < min(ttl, self._ttl):
+        if cached and not fresh and now - cached[0] < min(ttl, self._ttl):
             return cached[1]
         data = self._secrets.get_secret_data(namespace, name)
         self._secret_cache[key] = (now, data)
@@ -229,9 +230,11 @@ class RunStores:
 
     def take_fence(self, ref: RunRef, attempt: int) -> tuple[RunManifest, int]:
         """Takes the run's fence for ``attempt``: (the manifest as written, the attempt's
-        epoch). Raises MissingSecret, StaleAttempt, StorageError (EndpointBusy), ManifestError."""
+        epoch). Raises MissingSecret, StaleAttempt, StorageError (EndpointBusy), ManifestError.
+        The Secret is read afresh: the attempt's pod takes its keys from it, and a pod whose
+        Secret is gone cannot start its containers, so a deleted Secret holds the start."""
         storage = ref.spec.checkpoint.storage
-        store = self.store_for(ref.namespace, storage)
+        store = self.store_for(ref.namespace, storage, fresh=True)
         with self.slots.hold(limited(storage)):
             return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt)
 

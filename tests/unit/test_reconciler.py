@@ -317,6 +317,28 @@ def test_a_secret_back_within_the_wait_starts_the_attempt_and_ends_the_wait() ->
     assert w.events.reasons() == [R.MISSING_SECRET, R.STARTED]
 
 
+def test_a_secret_deleted_while_the_attempt_runs_holds_the_next_start() -> None:
+    """The Secret read a moment ago is cached as present; the next attempt's pod would take its
+    keys from it, so the start reads it afresh and waits."""
+    w = World(secret="creds")
+    w.kube.secrets[(NAMESPACE, "creds")] = {"AWS_ACCESS_KEY_ID": "id", "AWS_SECRET_ACCESS_KEY": "k"}
+    w.reconcile()
+    del w.kube.secrets[(NAMESPACE, "creds")]
+    w.report(
+        make_pod("r1-1")
+        .on_node()
+        .phase("Failed")
+        .condition("DisruptionTarget", reason="EvictionByEvictionAPI")
+    )
+
+    w.reconcile()
+
+    assert w.kube.creates == ["r1-1"]
+    status = w.status()
+    assert (status["attempt"], status["preemptions"], status["reason"]) == (2, 1, R.MISSING_SECRET)
+    assert condition(status, R.WAITING)["status"] == "True"
+
+
 def test_an_unreadable_manifest_holds_the_start_with_its_reason_in_status() -> None:
     w = World()
     w.bucket.put(w.location.key(RUN_MANIFEST), b"{not json")
