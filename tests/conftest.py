@@ -19,6 +19,7 @@ import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from tests import kueue as kueue_mod
 from tests import localenv as localenv_mod
 from tests.integration.support import OperatorProcess, Runs, credentials_secret, wait_for
 
@@ -163,6 +164,16 @@ def session_operator_paused() -> Iterator[None]:
     yield
     for proc in paused:
         proc.start()
+
+
+@pytest.fixture(scope="module")
+def kueue(localenv: localenv_mod.LocalEnv) -> Iterator[kueue_mod.Kueue]:
+    """Kueue for the module that asks for it: one already running is reused and left running."""
+    started_here = kueue_mod.load(localenv.name) is None
+    running = kueue_mod.up(localenv)
+    yield running
+    if started_here and not os.environ.get("TRAININGRUN_KEEP_ENV"):
+        kueue_mod.down(localenv.name)
 
 
 @pytest.fixture

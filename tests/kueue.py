@@ -34,6 +34,7 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -528,6 +529,28 @@ def priority_class(env: LocalEnv, name: str, value: int) -> str:
     }
     env.kubectl("apply", "-f", "-", stdin=yaml.safe_dump(wpc))
     return name
+
+
+@contextlib.contextmanager
+def queue_for_test(
+    env: LocalEnv, namespace: str, cpu: str, memory: str, priorities: dict[str, int]
+) -> Iterator[str]:
+    """``queue_setup`` named after ``namespace``, with a WorkloadPriorityClass
+    ``<queue><suffix>`` of each value in ``priorities``; the cluster-scoped objects go
+    afterwards (the LocalQueue goes with its namespace)."""
+    name = queue_setup(env, namespace, namespace, cpu=cpu, memory=memory)
+    for suffix, value in priorities.items():
+        priority_class(env, f"{name}{suffix}", value)
+    yield name
+    classes = [f"workloadpriorityclass/{name}{suffix}" for suffix in priorities]
+    env.kubectl(
+        "delete",
+        "--wait=false",
+        "--ignore-not-found",
+        f"clusterqueue/{name}",
+        f"resourceflavor/{name}",
+        *classes,
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -186,7 +186,7 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
     try:
         store, run, transfer = _agent_common(env)
         podinfo = env.get(c.ENV_PODINFO_DIR)
-        settings = sync.SyncSettings(
+        settings = syncsupport.SyncSettings(
             checkpoint_dir=Path(_env(env, c.ENV_CHECKPOINT_DIR)),
             run=run,
             keep=int(_number(env, c.ENV_KEEP, "3", minimum=1)),

@@ -166,12 +166,15 @@ class Kube:
                 return None
             raise
 
-    def create_object(self, group: str, version: str, plural: str, body: dict[str, Any]) -> None:
-        """Creates a namespaced custom object; one that holds its name already is left as it
-        is (409). NotServed when the API server does not serve the type (404)."""
+    def create_object(
+        self, group: str, version: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """Creates a namespaced custom object and returns it; None when one holds its name
+        already (409), which is left as it is. NotServed when the API server does not serve
+        the type (404)."""
         meta = body["metadata"]
         try:
-            _create(
+            created, fresh = _create(
                 lambda: self.custom.create_namespaced_custom_object(
                     group, version, meta["namespace"], plural, body, _preload_content=False
                 ),
@@ -181,6 +184,7 @@ class Kube:
             if e.status == 404:
                 raise NotServed(f"{plural}.{group}/{version} is not served") from e
             raise
+        return created if fresh else None
 
     def replace_object_status(
         self, group: str, version: str, plural: str, body: dict[str, Any]

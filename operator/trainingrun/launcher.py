@@ -99,9 +99,8 @@ class Launcher:
         except Invalid as e:
             return Launched(invalid=f"pod rejected: {e}")
         if not fresh and not owned_by(created, ref.uid):
-            wait = self._name_taken(run, ref, created, "pod", R.POD_NAME_TAKEN)
-            held = (R.POD_NAME_TAKEN, name_taken_message(created, "pod"))
-            return Launched(wait=wait, held=held)
+            wait, message = self._name_taken(run, ref, created, "pod", R.POD_NAME_TAKEN)
+            return Launched(wait=wait, held=(R.POD_NAME_TAKEN, message))
         if fresh:
             self._metrics.pods_created.inc()
         self._view.pods.put((namespace, what), created)
@@ -122,17 +121,18 @@ class Launcher:
             self._events.post(run, "Warning", R.POD_FORBIDDEN, message)
             return R.POD_FORBIDDEN, message
         if not owned_by(service, ref.uid):
-            self._name_taken(run, ref, service, "service", R.SERVICE_NAME_TAKEN)
-            return R.SERVICE_NAME_TAKEN, name_taken_message(service, "service")
+            _, message = self._name_taken(run, ref, service, "service", R.SERVICE_NAME_TAKEN)
+            return R.SERVICE_NAME_TAKEN, message
         with self._lock:
             self._service_of[key] = ref.uid
         return None
 
     def _name_taken(
         self, run: dict[str, Any], ref: RunRef, obj: Mapping[str, Any], kind: str, reason: str
-    ) -> float:
+    ) -> tuple[float, str]:
         """The name is taken by an object that is not the run's: wait for it to go (a deleted
-        run's pod of the same name is removed by the garbage collector)."""
+        run's pod of the same name is removed by the garbage collector). Returns when to try
+        again, and what was said."""
         message = name_taken_message(obj, kind)
         now, key = self._monotonic(), (ref.namespace, ref.name)
         with self._lock:
@@ -145,7 +145,8 @@ class Launcher:
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
             self._events.post(run, "Warning", reason, message)
         # The other object is not watched (no run label, or another run's UID): poll for it.
-        return min(self._settings.resync_seconds, self._settings.name_taken_retry_seconds)
+        wait = min(self._settings.resync_seconds, self._settings.name_taken_retry_seconds)
+        return wait, message
 
 
 def name_taken_message(obj: Mapping[str, Any], kind: str = "pod") -> str:

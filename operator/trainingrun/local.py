@@ -21,12 +21,15 @@ A trainer without an integration still gets sync: each layout says when a checkp
 from __future__ import annotations
 
 import json
+import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from trainingrun import layouts
+
+log = logging.getLogger("trainingrun")
 
 COMPLETE_MARKER = layouts.COMPLETE_MARKER
 CONTROL_DIR = layouts.CONTROL_DIR
@@ -225,3 +228,14 @@ def scan(
 ) -> list[LocalCheckpoint]:
     """The checkpoints in the folder, oldest step first."""
     return survey(checkpoint_dir, fmt, pattern).checkpoints
+
+
+def write_termination_message(path: Path | None, message: str) -> None:
+    """The container's termination message (its ``terminationMessagePath``), which the kubelet
+    puts in the container's status for the operator to read; the restore's and the sidecar's."""
+    if path is None:
+        return
+    try:
+        path.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
+    except OSError as e:
+        log.warning("could not write the termination message to %s: %s", path, e)

@@ -43,7 +43,7 @@ class ObjectApi(Protocol):
     ) -> dict[str, Any] | None: ...
     def create_object(
         self, group: str, version: str, plural: str, body: dict[str, Any]
-    ) -> None: ...
+    ) -> dict[str, Any] | None: ...
     def replace_object_status(
         self, group: str, version: str, plural: str, body: dict[str, Any]
     ) -> None: ...
@@ -73,7 +73,11 @@ class Queues:
         return answer
 
     def observe(
-        self, run: Mapping[str, Any], ref: RunRef, attempt: int, agent: AgentSettings
+        self,
+        run: Mapping[str, Any],
+        ref: RunRef,
+        status: TrainingRunStatus,
+        agent: AgentSettings,
     ) -> tuple[Queue | None, dict[str, Any] | None]:
         """Kueue's answer for the run (None: it names no queue) and its Workload, created when
         missing with the shape of an attempt's pods. A Workload the API server refuses holds
@@ -86,11 +90,11 @@ class Queues:
             return W.queue_of(None, queue, installed=False), None
         namespace, name = meta["namespace"], W.workload_name(meta["name"])
         found = self._get(namespace, name)
-        if found is None and not is_finished(_status(run)):
-            pod = build_pod(ref, max(attempt, 1), None, agent, 0, 0)
+        if found is None and not is_finished(status):
+            pod = build_pod(ref, max(status.attempt, 1), None, agent, 0, 0)
             body = W.build_workload(run, pod, ref.spec.replicas, self._priority(meta))
             try:
-                self._api.create_object(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
+                created = self._api.create_object(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
             except (Invalid, Forbidden) as e:
                 message = f"cannot create the run's Kueue Workload {name}: {e}"
                 return Queue(False, R.WORKLOAD_FAILED, message), None
@@ -99,7 +103,7 @@ class Queues:
                     self._installed = (self._monotonic(), False)
                 return W.queue_of(None, queue, installed=False), None
             log.info("%s/%s: Workload %s created in queue %s", namespace, meta["name"], name, queue)
-            found = self._get(namespace, name)
+            found = created if created is not None else self._get(namespace, name)
         return W.queue_of(found, queue, installed=True), found
 
     def settle(
@@ -147,8 +151,4 @@ class Queues:
         if not name:
             return None
         found = self._api.get_object(W.KUEUE_GROUP, W.KUEUE_VERSION, W.PRIORITY_CLASSES, name)
-        return (name, int((found or {}).get("value") or 0)) if found else (name, 0)
-
-
-def _status(run: Mapping[str, Any]) -> TrainingRunStatus:
-    return TrainingRunStatus.model_validate(run.get("status") or {})
+        return name, int((found or {}).get("value") or 0)

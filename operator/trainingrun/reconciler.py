@@ -167,7 +167,7 @@ class Reconciler:
 
         gang = observe_gang(self.view, ref, status, now)
         self.notices.pass_on(gang, spec)
-        queue, workload = self.queues.observe(run, ref, status.attempt, self.settings.agent)
+        queue, workload = self.queues.observe(run, ref, status, self.settings.agent)
         first = gang[0]
         obs = Observed(
             name=name,

@@ -208,8 +208,5 @@ def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
         message = f"restore failed: {e}"
         code = EXIT_ERROR
     log.error("%s", message)
-    try:
-        s.termination_log.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
-    except OSError as e:
-        log.warning("could not write the termination message to %s: %s", s.termination_log, e)
+    local.write_termination_message(s.termination_log, message)
     return code

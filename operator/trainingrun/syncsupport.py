@@ -288,18 +288,7 @@ class AccessDeniedWatch:
             "sidecar restarts with the credentials Secret read again"
         )
         log.error("%s", message)
-        write_termination_message(termination_log, message)
-
-
-def write_termination_message(path: Path | None, message: str) -> None:
-    """The container's termination message (its ``terminationMessagePath``), which the kubelet
-    puts in the container's status for the operator to read."""
-    if path is None:
-        return
-    try:
-        path.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
-    except OSError as e:
-        log.warning("could not write the termination message to %s: %s", path, e)
+        local.write_termination_message(termination_log, message)
 
 
 def report_failure(e: BaseException, metrics: Metrics) -> None:

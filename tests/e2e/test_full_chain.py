@@ -105,6 +105,19 @@ class Chain:
         entry = next(e for e in manifest.entries if e.step == step)
         return f"{self.run_key}/{entry.part_prefixes[0]}{name}"
 
+    def assert_matches_reference(
+        self, s3: Any, reference: tuple[bytes, dict[int, float]], attempt: int, resumed: int
+    ) -> None:
+        """The run's final weights are the uninterrupted run's, bitwise, and the losses of
+        ``attempt`` (resumed from step ``resumed``) are its losses, every step to the end."""
+        weights, reference_losses = reference
+        key = self.object_key(s3, MAX_STEPS, "model.safetensors")
+        final = s3.get_object(Bucket=self.env.bucket, Key=key)["Body"].read()
+        assert final == weights, "final weights differ from the uninterrupted run"
+        last = losses(self.loss_dir / f"loss-{attempt}.jsonl")
+        assert sorted(last) == list(range(resumed + 1, MAX_STEPS + 1))
+        assert all(last[s] == reference_losses[s] for s in last)
+
     def committed(self, s3: Any) -> list[int]:
         try:
             body = s3.get_object(Bucket=self.env.bucket, Key=f"{self.run_key}/manifest.json")
@@ -139,7 +152,6 @@ def test_three_disruptions_resume_to_the_uninterrupted_weights(
     tmp_path: Path,
     chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, reference_losses = chain_reference
     rng = random.Random(SEED)
     chain = Chain(runs, localenv, prefix, "chain", tmp_path, runner_nodes)
     ns = runs.namespace
@@ -183,13 +195,7 @@ def test_three_disruptions_resume_to_the_uninterrupted_weights(
         print(f"{how}: trained to step {trained}, resumed from {resumed}: {n} steps lost")
     assert lost[0][3] <= 1, "a graceful eviction should lose no step: the save comes first"
 
-    final = s3.get_object(
-        Bucket=localenv.bucket, Key=chain.object_key(s3, MAX_STEPS, "model.safetensors")
-    )["Body"].read()
-    assert final == weights, "final weights differ from the uninterrupted run"
-    last = losses(tmp_path / "loss-4.jsonl")
-    assert sorted(last) == list(range(chain.resume_step(4) + 1, MAX_STEPS + 1))
-    assert all(last[s] == reference_losses[s] for s in last)
+    chain.assert_matches_reference(s3, chain_reference, 4, chain.resume_step(4))
 
 
 def test_corrupt_newest_checkpoint_falls_back_and_still_matches(

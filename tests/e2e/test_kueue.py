@@ -16,7 +16,6 @@ Covers:
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from collections.abc import Iterator
@@ -26,8 +25,8 @@ from typing import Any
 import pytest
 
 from tests import kueue as kueue_mod
-from tests.e2e.example import losses, pod_spec
-from tests.e2e.test_full_chain import MAX_STEPS, SEED, Chain, finetune_run
+from tests.e2e.example import pod_spec
+from tests.e2e.test_full_chain import SEED, Chain, finetune_run
 from tests.e2e.test_suspend import first_step_at, gone
 from tests.integration.support import Runs, trainingrun
 from tests.localenv import LocalEnv
@@ -39,32 +38,12 @@ QUEUE_LABEL, PRIORITY_LABEL = "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/prior
 REQUESTS = {"requests": {"cpu": "1", "memory": "256Mi"}}  # quota 1.5 cpu: one run at a time
 
 
-@pytest.fixture(scope="module")
-def kueue(localenv: LocalEnv) -> Iterator[kueue_mod.Kueue]:
-    """Kueue for this module: one already running is reused and left running."""
-    started_here = kueue_mod.load(localenv.name) is None
-    running = kueue_mod.up(localenv)
-    yield running
-    if started_here and not os.environ.get("TRAININGRUN_KEEP_ENV"):
-        kueue_mod.down(localenv.name)
-
-
 @pytest.fixture
 def queue(localenv: LocalEnv, kueue: kueue_mod.Kueue, namespace: str) -> Iterator[str]:
     """A queue with quota for one run, and priority classes ``<queue>-low`` and ``-high``."""
-    name = kueue_mod.queue_setup(localenv, namespace, namespace, cpu="1500m", memory="4Gi")
-    kueue_mod.priority_class(localenv, f"{name}-low", 100)
-    kueue_mod.priority_class(localenv, f"{name}-high", 1000)
-    yield name
-    localenv.kubectl(
-        "delete",
-        "--wait=false",
-        "--ignore-not-found",
-        f"clusterqueue/{name}",
-        f"resourceflavor/{name}",
-        f"workloadpriorityclass/{name}-low",
-        f"workloadpriorityclass/{name}-high",
-    )
+    priorities = {"-low": 100, "-high": 1000}
+    with kueue_mod.queue_for_test(localenv, namespace, "1500m", "4Gi", priorities) as name:
+        yield name
 
 
 def queued(body: dict[str, Any], queue: str, priority: str) -> dict[str, Any]:
@@ -84,7 +63,6 @@ def test_priority_eviction_saves_then_readmission_resumes_to_the_uninterrupted_w
     tmp_path: Path,
     chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, reference_losses = chain_reference
     rng = random.Random(SEED)
     nodes = [h.node for h in runner_nodes]
     chain = Chain(
@@ -133,13 +111,7 @@ def test_priority_eviction_saves_then_readmission_resumes_to_the_uninterrupted_w
     )
     assert end["phase"] == "Succeeded", end
     assert (end["preemptions"], end["restarts"]) == (1, 0)
-    final = s3.get_object(
-        Bucket=localenv.bucket, Key=chain.object_key(s3, MAX_STEPS, "model.safetensors")
-    )["Body"].read()
-    assert final == weights, "final weights differ from the uninterrupted run"
-    last = losses(tmp_path / "loss-2.jsonl")
-    assert sorted(last) == list(range(saved + 1, MAX_STEPS + 1))
-    assert all(last[s] == reference_losses[s] for s in last)
+    chain.assert_matches_reference(s3, chain_reference, 2, saved)
     finished = localenv.kubectl(
         "get",
         "workload",

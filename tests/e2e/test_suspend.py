@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.example import losses
-from tests.e2e.test_full_chain import MAX_STEPS, SEED, Chain, finetune_run
+from tests.e2e.test_full_chain import SEED, Chain, finetune_run
 from tests.integration.support import Runs, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
@@ -62,7 +62,6 @@ def test_suspend_then_resume_loses_no_step_and_matches_the_uninterrupted_weights
     tmp_path: Path,
     chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, reference_losses = chain_reference
     rng = random.Random(SEED)
     chain = Chain(runs, localenv, prefix, "pause", tmp_path, runner_nodes)
     chain.wait_attempt(1)
@@ -101,13 +100,7 @@ def test_suspend_then_resume_loses_no_step_and_matches_the_uninterrupted_weights
     )
     assert end["phase"] == "Succeeded", end
     assert (end["restarts"], end["preemptions"]) == (0, 0)
-    final = s3.get_object(
-        Bucket=localenv.bucket, Key=chain.object_key(s3, MAX_STEPS, "model.safetensors")
-    )["Body"].read()
-    assert final == weights, "final weights differ from the uninterrupted run"
-    last = losses(tmp_path / "loss-2.jsonl")
-    assert sorted(last) == list(range(saved + 1, MAX_STEPS + 1))
-    assert all(last[s] == reference_losses[s] for s in last)
+    chain.assert_matches_reference(s3, chain_reference, 2, saved)
     print(
         f"suspend at step {trained}: saved step {saved} (0 steps lost), pods gone in "
         f"{gone_s:.1f} s; unsuspend to the trainer's first step: {first_s:.1f} s"

@@ -12,7 +12,6 @@ whose TrainingRun is gone is finished by Kueue (OwnerNotFound).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -27,31 +26,12 @@ from trainingrun import api
 TIMEOUT_S = 30
 
 
-@pytest.fixture(scope="module")
-def kueue(localenv: LocalEnv) -> Iterator[kueue_mod.Kueue]:
-    """Kueue for this module: one already running is reused and left running."""
-    started_here = kueue_mod.load(localenv.name) is None
-    running = kueue_mod.up(localenv)
-    yield running
-    if started_here and not os.environ.get("TRAININGRUN_KEEP_ENV"):
-        kueue_mod.down(localenv.name)
-
-
 @pytest.fixture
 def queue(localenv: LocalEnv, kueue: kueue_mod.Kueue, namespace: str) -> Iterator[str]:
     """A queue with quota for one cpu, named after the test's namespace, and a priority class
     of the same name (value 1000); the cluster-scoped objects go afterwards."""
-    name = kueue_mod.queue_setup(localenv, namespace, namespace, cpu="1", memory="1Gi")
-    kueue_mod.priority_class(localenv, name, 1000)
-    yield name
-    localenv.kubectl(
-        "delete",
-        "--wait=false",
-        "--ignore-not-found",
-        f"clusterqueue/{name}",
-        f"resourceflavor/{name}",
-        f"workloadpriorityclass/{name}",
-    )
+    with kueue_mod.queue_for_test(localenv, namespace, "1", "1Gi", {"": 1000}) as name:
+        yield name
 
 
 def workload(
@@ -143,6 +123,15 @@ def wait_condition(
     return wait_for(met, TIMEOUT_S, f"{name}: {kind}={status} {reason or ''}")
 
 
+def patch_status(env: LocalEnv, namespace: str, name: str, status: dict[str, Any]) -> None:
+    """A merge patch of the Workload's status subresource, as its owner writes it."""
+    body = json.dumps({"status": status})
+    resource = f"workload.kueue.x-k8s.io/{name}"
+    env.kubectl(
+        "patch", "-n", namespace, resource, "--subresource=status", "--type=merge", "-p", body
+    )
+
+
 def release_quota_after_eviction(env: LocalEnv, namespace: str, name: str) -> None:
     """What the owner does once its pods are gone after Evicted=True (Kueue's job framework,
     pkg/controller/jobframework/reconciler.go, step 6): QuotaReserved=False reason Pending,
@@ -170,17 +159,7 @@ def release_quota_after_eviction(env: LocalEnv, namespace: str, name: str) -> No
                 "observedGeneration": gen,
             }
         )
-    patch = {"status": {"admission": None, "conditions": conditions}}
-    env.kubectl(
-        "patch",
-        "-n",
-        namespace,
-        f"workload.kueue.x-k8s.io/{name}",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(patch),
-    )
+    patch_status(env, namespace, name, {"admission": None, "conditions": conditions})
 
 
 def finish(env: LocalEnv, namespace: str, name: str, reason: str = "Succeeded") -> None:
@@ -198,16 +177,7 @@ def finish(env: LocalEnv, namespace: str, name: str, reason: str = "Succeeded") 
             "observedGeneration": wl["metadata"]["generation"],
         }
     )
-    env.kubectl(
-        "patch",
-        "-n",
-        namespace,
-        f"workload.kueue.x-k8s.io/{name}",
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps({"status": {"conditions": conditions}}),
-    )
+    patch_status(env, namespace, name, {"conditions": conditions})
 
 
 def test_within_quota_admitted_over_quota_pending(

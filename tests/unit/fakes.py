@@ -97,12 +97,16 @@ class FakeKube:
         found = self.objects.get((plural, namespace or "", name))
         return copy.deepcopy(found) if found else None
 
-    def create_object(self, group: str, version: str, plural: str, body: dict[str, Any]) -> None:
+    def create_object(
+        self, group: str, version: str, plural: str, body: dict[str, Any]
+    ) -> dict[str, Any] | None:
         meta = body["metadata"]
         key = (plural, meta["namespace"], meta["name"])
-        if key not in self.objects:
-            self.objects[key] = {**copy.deepcopy(body), "status": {}}
-            self.objects[key]["metadata"]["resourceVersion"] = self._rv()
+        if key in self.objects:
+            return None
+        self.objects[key] = {**copy.deepcopy(body), "status": {}}
+        self.objects[key]["metadata"]["resourceVersion"] = self._rv()
+        return copy.deepcopy(self.objects[key])
 
     def replace_object_status(
         self, group: str, version: str, plural: str, body: dict[str, Any]
