@@ -9,8 +9,9 @@ and the operator parses every object it reads through them. Field descriptions h
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
+from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
 from pydantic.alias_generators import to_camel
 
 from trainingrun.layouts import Pattern
@@ -54,10 +55,13 @@ class StorageSpec(_Model):
             "S3 endpoint URL for S3-compatible stores (MinIO, Ceph, SeaweedFS, GCS "
             "interoperability). Empty means AWS S3."
         ),
-        pattern=r"^https?://[^\s]+$",
+        # No user or password (they would show in messages), no underscore (botocore refuses).
+        pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?(/[^\s]*)?$",
         max_length=1024,
     )
-    region: str | None = Field(default=None, description="Bucket region.", max_length=64)
+    region: str | None = Field(
+        default=None, description="Bucket region.", pattern=r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$"
+    )
     credentials_secret: str | None = Field(
         default=None,
         description=(
@@ -67,6 +71,13 @@ class StorageSpec(_Model):
         pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
         max_length=253,
     )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _port(cls, endpoint: str | None) -> str | None:
+        if endpoint and urlsplit(endpoint).port == 0:  # .port raises ValueError above 65535
+            raise ValueError("the port must be from 1 to 65535")
+        return endpoint
 
 
 # spec.checkpoint.format: auto, the formats of trainingrun.layouts, or pattern.
@@ -149,6 +160,16 @@ class CheckpointSpec(_Model):
         ),
     )
     pattern: PatternSpec | None = Field(default=None, description="The layout of format: pattern.")
+    size_limit: str | None = Field(
+        default=None,
+        description=(
+            "Size limit of the local checkpoint volume (an emptyDir), as a quantity such as "
+            "50Gi. Empty means the node's free disk. The restore checks that the checkpoint "
+            "fits before it downloads (docs/checkpoints.md, disk)."
+        ),
+        pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$",
+        max_length=32,
+    )
     unprotected_after_seconds: int = Field(
         default=1800,
         ge=0,

@@ -3,7 +3,8 @@ and node, from watch events and from the answers to its own writes (like an info
 
 ``Cache`` keeps one kind of object; ``slim_*`` keep of each object only what a pass reads (a pod's
 container specs and a node's images are most of their size). ``ClusterView`` reads through the
-caches to the API for an object they have never heard of.
+caches to the API for an object they have never heard of, and answers which of the operator's
+pods are on a node from the pod cache (so the operator needs no list of pods across namespaces).
 """
 
 from __future__ import annotations
@@ -51,10 +52,21 @@ def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+Index = Callable[[Any, Mapping[str, Any]], Any]
+
+
 def run_of_pod(key: Any, pod: Mapping[str, Any]) -> tuple[str, str] | None:
-    """(namespace, run) of a pod by its run label: the pod cache's index."""
+    """(namespace, run) of a pod by its run label: the pod cache's index by run."""
     run = ((pod.get("metadata") or {}).get("labels") or {}).get(LABEL_RUN)
     return (key[0], str(run)) if run else None
+
+
+def node_of_pod(key: Any, pod: Mapping[str, Any]) -> str | None:
+    """The node of a scheduled pod with the run label: the pod cache's index by node, which tells
+    the node handler the run pods on a node without a list of pods across namespaces."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    node = (pod.get("spec") or {}).get("nodeName")
+    return str(node) if node and LABEL_RUN in labels else None
 
 
 def slim_node(node: Mapping[str, Any]) -> dict[str, Any]:
@@ -86,30 +98,39 @@ class Cache:
     """The newest state seen of each object, from watch events and from the answers to the
     operator's own writes (like an informer's store): a pass reads it instead of the API.
     An older resourceVersion never replaces a newer one. ``slim`` keeps of each object only
-    what passes read; ``index(key, obj)`` files the live objects under a value (None: under
-    none), which ``indexed`` lists, like an informer's indexer."""
+    what passes read; each of ``indexes`` (by name) files the live objects under a value
+    (None: under none), which ``indexed(name, value)`` lists, like an informer's indexers."""
 
     def __init__(
         self,
         slim: Callable[[Mapping[str, Any]], dict[str, Any]],
         max_gone: int = 10000,
-        index: Callable[[Any, Mapping[str, Any]], Any] | None = None,
+        indexes: Mapping[str, Index] | None = None,
     ) -> None:
         self._slim = slim
         self._lock = threading.Lock()
         self._live: dict[Any, dict[str, Any]] = {}
         self._gone: OrderedDict[Any, dict[str, Any]] = OrderedDict()
         self._max_gone = max_gone
-        self._index_of = index
-        self._index: dict[Any, set[Any]] = {}
+        self._index_of = dict(indexes or {})
+        self._index: dict[str, dict[Any, set[Any]]] = {name: {} for name in self._index_of}
 
     def _unindex(self, key: Any, obj: Mapping[str, Any] | None) -> None:
-        value = self._index_of(key, obj) if self._index_of and obj is not None else None
-        keys = self._index.get(value) if value is not None else None
-        if keys is not None:
-            keys.discard(key)
-            if not keys:
-                del self._index[value]
+        if obj is None:
+            return
+        for name, index_of in self._index_of.items():
+            value, index = index_of(key, obj), self._index[name]
+            keys = index.get(value) if value is not None else None
+            if keys is not None:
+                keys.discard(key)
+                if not keys:
+                    del index[value]
+
+    def _file(self, key: Any, obj: Mapping[str, Any]) -> None:
+        for name, index_of in self._index_of.items():
+            value = index_of(key, obj)
+            if value is not None:
+                self._index[name].setdefault(value, set()).add(key)
 
     def put(self, key: Any, obj: Mapping[str, Any]) -> None:
         slim = self._slim(obj)
@@ -118,9 +139,7 @@ class Cache:
             if old is None or _rv(slim) >= _rv(old):
                 self._unindex(key, old)
                 self._live[key] = slim
-                value = self._index_of(key, slim) if self._index_of else None
-                if value is not None:
-                    self._index.setdefault(value, set()).add(key)
+                self._file(key, slim)
             self._gone.pop(key, None)
 
     def gone(self, key: Any, last: Mapping[str, Any] | None) -> None:
@@ -159,10 +178,10 @@ class Cache:
         with self._lock:
             return self._gone.get(key)
 
-    def indexed(self, value: Any) -> list[dict[str, Any]]:
-        """The live objects the index files under ``value``."""
+    def indexed(self, index: str, value: Any) -> list[dict[str, Any]]:
+        """The live objects the index named ``index`` files under ``value``."""
         with self._lock:
-            return [self._live[key] for key in self._index.get(value, ())]
+            return [self._live[key] for key in self._index[index].get(value, ())]
 
 
 class ObjectReader(Protocol):
@@ -180,7 +199,7 @@ class ClusterView:
     def __init__(self, api: ObjectReader) -> None:
         self._api = api
         self.runs = Cache(slim_run)
-        self.pods = Cache(slim_pod, index=run_of_pod)
+        self.pods = Cache(slim_pod, indexes={"run": run_of_pod, "node": node_of_pod})
         self.nodes = Cache(slim_node)
 
     def run(self, namespace: str, name: str) -> dict[str, Any] | None:
@@ -208,7 +227,13 @@ class ClusterView:
     def run_pods(self, namespace: str, run: str) -> list[dict[str, Any]]:
         """The live pods with the run's label, of any attempt and any owner, as cached (a watch
         lists every such pod at start)."""
-        return self.pods.indexed((namespace, run))
+        return self.pods.indexed("run", (namespace, run))
+
+    def pods_on_node(self, node: str) -> list[dict[str, Any]]:
+        """The live pods with the run label scheduled on ``node``, in every watched namespace,
+        as cached: the watch of run pods sees each of them (it lists them all at start), so the
+        question needs no list of pods by node name across namespaces."""
+        return self.pods.indexed("node", node)
 
     def pod_gone(self, namespace: str, name: str) -> None:
         """The API server says the pod is gone (a DELETE answered 404) before the watch did;

@@ -12,10 +12,11 @@ Sync and restore read their settings from the environment the operator gives the
 TRAININGRUN_STORAGE_URI, TRAININGRUN_CHECKPOINT_DIR, AWS_ENDPOINT_URL, AWS_REGION, credentials
 from the standard AWS chain; tuning: TRAININGRUN_PART_SIZE_MB (16), TRAININGRUN_CONCURRENCY (16),
 TRAININGRUN_MAX_BANDWIDTH_MBPS (none), TRAININGRUN_METRICS_PORT (9091, 0 = off),
-TRAININGRUN_METRICS_ADDRESS (0.0.0.0); sync also TRAININGRUN_KEEP (3),
+TRAININGRUN_METRICS_ADDRESS (127.0.0.1); sync also TRAININGRUN_KEEP (3),
 TRAININGRUN_QUIET_SECONDS (10), TRAININGRUN_DRAIN_SECONDS (60), TRAININGRUN_CHECKSUM (auto,
 CRC64NVME, CRC32C, CRC32, SHA256), TRAININGRUN_PODINFO_DIR, TRAININGRUN_SYNC_NICE (10); restore
-TRAININGRUN_RESTORE_STEP, TRAININGRUN_TERMINATION_LOG (/dev/termination-log).
+TRAININGRUN_RESTORE_STEP, TRAININGRUN_SIZE_LIMIT (none), TRAININGRUN_TERMINATION_LOG
+(/dev/termination-log).
 """
 
 from __future__ import annotations
@@ -147,7 +148,9 @@ def _serve_metrics(env: Mapping[str, str], registry: Any) -> None:
     port = int(_number(env, c.ENV_METRICS_PORT, "9091"))
     if not port:
         return
-    address = env.get(c.ENV_METRICS_ADDRESS) or "0.0.0.0"  # noqa: S104 - scraped in-pod
+    # Loopback unless the operator says otherwise (the pod's IP, for a PodMonitor): metrics are
+    # nobody else's business on the pod network.
+    address = env.get(c.ENV_METRICS_ADDRESS) or "127.0.0.1"
     try:
         start_http_server(port, address, registry=registry)
     except OSError as e:  # a taken port must not stop the checkpoints
@@ -255,12 +258,18 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
         raw_step = _env(env, c.ENV_RESTORE_STEP)
         if not (raw_step.isascii() and raw_step.isdigit()):  # "²".isdigit() is True
             raise SettingsError(f"{c.ENV_RESTORE_STEP}={raw_step!r} is not a step number")
+        raw_limit = env.get(c.ENV_SIZE_LIMIT)
+        try:
+            size_limit = restore.parse_size(raw_limit) if raw_limit else None
+        except ValueError as e:
+            raise SettingsError(f"{c.ENV_SIZE_LIMIT}: {e}") from None
         settings = restore.RestoreSettings(
             checkpoint_dir=Path(_env(env, c.ENV_CHECKPOINT_DIR)),
             run=run,
             step=int(raw_step),
             transfer=transfer,
             termination_log=Path(_env(env, c.ENV_TERMINATION_LOG, "/dev/termination-log")),
+            size_limit=size_limit,
         )
     except SettingsError as e:
         print(f"trainingrun restore: {e}", file=sys.stderr)

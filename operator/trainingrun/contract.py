@@ -72,6 +72,9 @@ ENV_KEEP = "TRAININGRUN_KEEP"
 ENV_PODINFO_DIR = "TRAININGRUN_PODINFO_DIR"
 ENV_DRAIN_SECONDS = "TRAININGRUN_DRAIN_SECONDS"
 ENV_RESTORE_STEP = "TRAININGRUN_RESTORE_STEP"
+# spec.checkpoint.sizeLimit as written (a quantity), set only when the field is: the restore
+# checks that the checkpoint fits under it before it downloads.
+ENV_SIZE_LIMIT = "TRAININGRUN_SIZE_LIMIT"
 # The fence the attempt holds (trainingrun.protocol): the sidecar writes and commits as it.
 ENV_EPOCH = "TRAININGRUN_EPOCH"
 # Which part of each checkpoint the sidecar writes, and of how many (1 for one pod an attempt).
@@ -109,6 +112,9 @@ EXIT_USAGE = 2  # an agent's settings are missing or malformed
 # The restore exits with this when the chosen checkpoint fails verification: the operator marks
 # the step bad and falls back to the previous committed one, spending no budget.
 EXIT_CHECKPOINT_BAD = 3
+# The restore exits with this when the chosen checkpoint does not fit the checkpoint volume (its
+# free space, or spec.checkpoint.sizeLimit): the run fails, since no retry makes room.
+EXIT_INSUFFICIENT_DISK = 4
 # A trainer stopped early to be preempted (as if SIGTERM had ended it): never 0.
 EXIT_STOPPED = 128 + signal.SIGTERM
 

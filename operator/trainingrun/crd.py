@@ -152,6 +152,25 @@ RULES: dict[str, list[dict[str, str]]] = {
             "rule": "self.uri.startsWith('s3://')",
             "message": "spec.checkpoint.storage.uri must start with s3:// (s3://bucket/prefix)",
         },
+        {
+            "rule": (
+                "!has(self.endpoint) || (isURL(self.endpoint) && "
+                "(url(self.endpoint).getPort() == '' || "
+                "(int(url(self.endpoint).getPort()) >= 1 && "
+                "int(url(self.endpoint).getPort()) <= 65535)))"
+            ),
+            "message": "spec.checkpoint.storage.endpoint must have a port from 1 to 65535",
+        },
+        {
+            "rule": (
+                "!self.uri.substring(5).contains('//') && "
+                "!self.uri.substring(5).matches('/(checkpoints|manifest\\\\.json|\\\\.|\\\\.\\\\.)(/|$)')"
+            ),
+            "message": (
+                "spec.checkpoint.storage.uri must not have an empty, '.', '..', 'checkpoints' or "
+                "'manifest.json' path part: runs keep their checkpoints in such folders"
+            ),
+        },
     ],
     "checkpoint": [
         {

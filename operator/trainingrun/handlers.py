@@ -177,6 +177,8 @@ async def _on_node(type: str, body: kopf.Body, name: str, memo: kopf.Memo, **_: 
         nodes.put(name, node)
     if not notices.node_matters(node):
         return
-    # Lists and annotates pods through the API: off the event loop.
-    for namespace, run in await asyncio.to_thread(notices.node_changed, node, name):
+    # The run pods on the node from the pod cache (no list across namespaces); annotating them
+    # calls the API: off the event loop.
+    pods = operator.reconciler.view.pods_on_node(name)
+    for namespace, run in await asyncio.to_thread(notices.node_changed, node, pods):
         operator.enqueue(namespace, run)

@@ -5,6 +5,8 @@ and this module alone decides what 404, 409 and 422 mean.
 - 409 on create: the object exists (deterministic names make retries safe): return it.
 - 422 on create: the object is invalid: ``Invalid`` with the API server's message.
 - 403 on create: ``Forbidden`` (quota, terminating namespace, admission), retried later.
+- 403 on a pod's annotation: ``Forbidden`` (no Role in that namespace, an admission policy);
+  the caller goes on with the pods of other namespaces.
 - 409 on a DELETE with a UID precondition: the name is another pod's now: nothing deleted.
 - Any other answer, or none, to a DELETE of an old attempt's pod: ``ApiError``, retried later.
 """
@@ -256,21 +258,17 @@ class Kube:
         return True
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
+        """Adds annotations (trainingrun.dev/ keys: the chart's admission policy refuses any
+        other change of a pod by the operator); a pod gone is nothing to do."""
         try:
             self.core.patch_namespaced_pod(
                 name, namespace, {"metadata": {"annotations": annotations}}
             )
         except ApiException as e:
+            if e.status == 403:
+                raise Forbidden(_message(e)) from e
             if e.status != 404:
                 raise
-
-    def run_pods_on_node(self, node: str, label: str) -> list[dict[str, Any]]:
-        pods = _json(
-            self.core.list_pod_for_all_namespaces(
-                field_selector=f"spec.nodeName={node}", label_selector=label, _preload_content=False
-            )
-        )
-        return list(pods.get("items") or [])
 
     # -- Nodes and Secrets ------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from trainingrun.decide.reconcile import (
     started,
 )
 from trainingrun.decide.status import fail, is_finished
+from trainingrun.decide.storagepolicy import refusal
 from trainingrun.decide.waits import Wait, secret_wait, wait, wait_over
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
@@ -56,8 +57,8 @@ from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.protocol import StaleAttempt
 from trainingrun.queues import ObjectApi, Queues
 from trainingrun.settings import OperatorSettings
-from trainingrun.storage import StorageError
-from trainingrun.stores import Checkpoints, MissingSecret, RunStores
+from trainingrun.storage import StorageError, StorageMisconfigured
+from trainingrun.stores import Checkpoints, MissingSecret, RunStores, public_message
 
 log = logging.getLogger("trainingrun.operator")
 
@@ -163,6 +164,8 @@ class Reconciler:
             self.writer.fail(run, status, R.INVALID_SPEC, f"{where}: {err['msg']}", now)
             return None
         ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
+        if storage_refused(self.writer, self.settings, run, status, ref, now):
+            return None
         self.notices.remember((namespace, name), spec)
 
         gang = observe_gang(self.view, ref, status, now)
@@ -192,8 +195,8 @@ class Reconciler:
         due = ended or (running is not None and running.warns_unprotected)
         try:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
-        except MissingSecret as e:
-            return self._secret_wait(run, status, str(e), now)
+        except (MissingSecret, StorageMisconfigured) as e:
+            return self._unusable_storage(run, status, e, now)
         made = running if seen.latest is None else None
         obs = replace(obs, latest=seen.latest)
         p = made if made is not None else plan(obs)
@@ -260,8 +263,8 @@ class Reconciler:
             # every checkpoint there will be before this attempt's own.
             manifest, epoch = self.stores.take_fence(ref, status.attempt)
             choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
-        except MissingSecret as e:
-            return self._secret_wait(run, status, str(e), obs.now)
+        except (MissingSecret, StorageMisconfigured) as e:
+            return self._unusable_storage(run, status, e, obs.now)
         except StaleAttempt as e:
             log.warning("%s/%s: not starting attempt %d: %s", namespace, name, status.attempt, e)
             return self.settings.resync_seconds
@@ -272,7 +275,8 @@ class Reconciler:
                 "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, e
             )
             why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
-            message = f"cannot take the fence or read checkpoints in the bucket, retrying: {e}"
+            said = public_message(e, ref.spec.checkpoint.storage)
+            message = f"cannot take the fence or read checkpoints in the bucket, retrying: {said}"
             return self.writer.wait(
                 run,
                 status,
@@ -306,17 +310,38 @@ class Reconciler:
         self.events.post(run, ev.type, ev.reason, ev.message)
         return None
 
-    def _secret_wait(
-        self, run: dict[str, Any], status: TrainingRunStatus, message: str, now: datetime
+    def _unusable_storage(
+        self, run: dict[str, Any], status: TrainingRunStatus, e: Exception, now: datetime
     ) -> float | None:
-        """The credentials Secret is missing at an attempt's start: wait for it to come back,
-        for ``secret_wait_seconds``, then fail the run."""
-        generation = int(run["metadata"].get("generation") or 0)
+        """No client of the run's storage: a settings error fails the run; a missing Secret is
+        waited for, for ``secret_wait_seconds``, then fails it."""
+        generation, message = int(run["metadata"].get("generation") or 0), str(e)
         held = secret_wait(status, generation, message, now, self.settings.secret_wait_seconds)
-        if held is None:
-            self.writer.fail(run, status, R.MISSING_SECRET, message, now)
+        if held is None or isinstance(e, StorageMisconfigured):
+            why = (
+                R.STORAGE_MISCONFIGURED if isinstance(e, StorageMisconfigured) else R.MISSING_SECRET
+            )
+            self.writer.fail(run, status, why, message, now)
             return None
         return self.writer.wait(run, status, held)
+
+
+def storage_refused(
+    writer: StatusWriter,
+    settings: OperatorSettings,
+    run: dict[str, Any],
+    status: TrainingRunStatus,
+    ref: RunRef,
+    now: datetime,
+) -> bool:
+    """Fails the run when it may not use the storage it names (decide.storagepolicy), before
+    any call to that storage; True when it did."""
+    storage = ref.spec.checkpoint.storage
+    allowed = (settings.allowed_endpoints, settings.allowed_uris)
+    refused = refusal(storage, ref.namespace, ref.name, *allowed)
+    if refused is not None:
+        writer.fail(run, status, refused.reason, refused.message, now)
+    return refused is not None
 
 
 class StatusWriter:

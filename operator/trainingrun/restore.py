@@ -5,27 +5,40 @@ and downloads every file the parts name (all ranks' files: the whole checkpoint)
 ranged GETs into a staging folder, verifies each size and checksum as it lands, and only then
 moves it where its layout goes: ``checkpoint-<step>/`` for the HF Trainer (marked complete, so
 sync does not upload it again), else the entry's ``layout.base``, with the framework's pointer
-files (``layout.extras``) written beside it. Object names that would escape the folder are
-refused before anything is written.
+files (``layout.extras``) written beside it. Object names that would escape the folder, or that
+one folder cannot hold together (a file ``a`` and a file ``a/b``), are refused before anything
+is written; so is a checkpoint larger than the room the folder has: its volume's free space and,
+under ``TRAININGRUN_SIZE_LIMIT`` (``spec.checkpoint.sizeLimit``), that limit less what the
+folder already holds.
 
 Exit codes (documented in docs/, read by the operator):
 
 - 0: restored and verified.
 - 3 (``contract.EXIT_CHECKPOINT_BAD``): the checkpoint is not usable: not committed, its
-  ``MANIFEST.json`` missing or malformed, an object missing, short, or with a wrong checksum, or
-  a name escaping the folder. The termination message names the checkpoint and the file; the
-  operator marks the step bad and resubmits from the previous committed one.
-- 1: anything else (endpoint unreachable, access denied): the attempt failed and is retried.
+  ``MANIFEST.json`` missing or malformed, an object missing, short, or with a wrong checksum, a
+  name escaping the folder or clashing with another. The termination message names the
+  checkpoint and the file; the operator marks the step bad and resubmits from the previous
+  committed one.
+- 4 (``contract.EXIT_INSUFFICIENT_DISK``): the checkpoint does not fit, found before the
+  download or as the volume filled up (ENOSPC, EDQUOT) during it. The termination message names
+  the step, the bytes needed and free, and the fix; the operator fails the run.
+- 1: anything else (endpoint unreachable, access denied, an unexpected error, named with its
+  type in the termination message): the attempt failed and is retried.
 - 2: the container's settings are wrong (missing environment).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import math
 import os
+import re
 import shutil
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +46,12 @@ from prometheus_client import CollectorRegistry, Counter
 
 from trainingrun import checksum, local
 from trainingrun.committed import read_committed
-from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_ERROR, EXIT_OK
+from trainingrun.contract import (
+    EXIT_CHECKPOINT_BAD,
+    EXIT_ERROR,
+    EXIT_INSUFFICIENT_DISK,
+    EXIT_OK,
+)
 from trainingrun.layouts import STAGING_PREFIX
 from trainingrun.manifest import (
     RUN_MANIFEST,
@@ -60,6 +78,15 @@ class CheckpointBad(Exception):
     """The chosen checkpoint cannot be trusted; the message names it and the file."""
 
 
+class InsufficientDisk(Exception):
+    """The chosen checkpoint does not fit the checkpoint folder; the message says by how much."""
+
+
+# The errors of a full volume: no space on the device, or the user's quota reached.
+DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
+DISK_FIX = "raise spec.checkpoint.sizeLimit or use nodes with more disk"
+
+
 @dataclass(frozen=True)
 class RestoreSettings:
     checkpoint_dir: Path
@@ -67,6 +94,34 @@ class RestoreSettings:
     step: int
     transfer: TransferSettings = field(default_factory=TransferSettings)
     termination_log: Path = Path("/dev/termination-log")
+    # spec.checkpoint.sizeLimit in bytes; None: only the volume's free space counts.
+    size_limit: int | None = None
+
+
+# A Kubernetes quantity of bytes as spec.checkpoint.sizeLimit takes it: digits with an optional
+# fraction, then a power of ten (an exponent or a decimal suffix; K as well as Kubernetes' k) or
+# of two. No sign, no milli: a byte count.
+_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?:[eE]([0-9]{1,2})|(Ki|Mi|Gi|Ti|Pi|Ei|[kKMGTPE])?)")
+_SCALE = {
+    **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E"))},
+    "K": 1000,
+    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
+}
+MAX_QUANTITY = 2**63 - 1  # Kubernetes' largest
+
+
+def parse_size(text: str) -> int:
+    """The bytes of a quantity such as ``50Gi``, ``1.5T``, ``2e9`` or ``1000``, rounded up to
+    a whole byte; ValueError for anything else."""
+    m = _QUANTITY.fullmatch(text)
+    if m is None:
+        raise ValueError(f"{text!r} is not a quantity of bytes such as 50Gi, 500M or 1000")
+    number, exponent, suffix = m.groups()
+    scale: int = 10 ** int(exponent) if exponent is not None else _SCALE[suffix or ""]
+    size = math.ceil(Decimal(number) * scale)
+    if size > MAX_QUANTITY:
+        raise ValueError(f"{text!r} is more than the largest quantity, {MAX_QUANTITY} bytes")
+    return size
 
 
 class Metrics:
@@ -115,15 +170,109 @@ def read_checkpoint(
         raise CheckpointBad(f"{what}: {e}") from e
 
 
+def check_names(what: str, paths: Iterable[str], layout: Layout | None) -> None:
+    """Refuses a checkpoint whose files one folder cannot hold together: a name that is also
+    the folder of another (``a`` and ``a/b``), among its files and its layout's extra files."""
+    names = {*paths, *(layout.extras if layout else ())}
+    for name in sorted(names):
+        parts = name.split("/")
+        for i in range(1, len(parts)):
+            folder = "/".join(parts[:i])
+            if folder in names:
+                raise CheckpointBad(
+                    f"{what}: file name {folder!r} is also the folder of {name!r}; one folder "
+                    "cannot hold both"
+                )
+
+
+def folder_bytes(folder: Path) -> int:
+    """The bytes of the files under ``folder``: what it already takes of its volume."""
+    held = 0
+    for root, _dirs, names in os.walk(folder):
+        for name in names:
+            try:
+                held += Path(root, name).lstat().st_size
+            except OSError:
+                continue  # gone while we looked
+    return held
+
+
+def _bytes(n: int) -> str:
+    return f"{n} bytes ({format_bytes(n)})"
+
+
+def check_room(s: RestoreSettings, what: str, needed: int) -> int:
+    """The bytes the checkpoint folder has room for: its volume's free space and, under a size
+    limit, that limit less what the folder already holds (the kubelet evicts a pod whose
+    emptyDir grows past it). Raises InsufficientDisk when ``needed`` is more."""
+    room = shutil.disk_usage(s.checkpoint_dir).free
+    where = "free on the checkpoint volume"
+    if s.size_limit is not None:
+        held = folder_bytes(s.checkpoint_dir)
+        allowed = max(s.size_limit - held, 0)
+        if allowed < room:
+            room = allowed
+            where = (
+                f"left under the volume's size limit of {_bytes(s.size_limit)}, which holds "
+                f"{_bytes(held)} already"
+            )
+    if needed > room:
+        raise InsufficientDisk(
+            f"{what} needs {_bytes(needed)}, only {_bytes(room)} {where}: {DISK_FIX}"
+        )
+    return room
+
+
 def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) -> Path:
     """Downloads and verifies checkpoint ``s.step`` and puts it where its layout goes; returns
     what the trainer resumes from."""
     metrics = metrics or Metrics()
     what = checkpoint_dirname(s.step)
     named, layout = read_checkpoint(store, s)
+    check_names(what, (f.path for _, f in named), layout)
     final = s.checkpoint_dir / Layout.folder(layout, s.step)
     staging = s.checkpoint_dir / f"{STAGING_PREFIX}{what}"
     shutil.rmtree(staging, ignore_errors=True)
+    s.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+    total = sum(f.size for _, f in named)
+    room = check_room(s, what, total)
+
+    log.info("%s: downloading %d files, %s", what, len(named), format_bytes(total))
+    started = time.monotonic()
+    try:
+        download(store, s, named, staging, metrics)
+        place(staging, final, layout)
+    except BaseException as e:
+        shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(e, OSError) and e.errno in DISK_FULL:
+            raise InsufficientDisk(
+                f"{what} needs {_bytes(total)}, and the checkpoint volume filled up during the "
+                f"download ({e.strerror}) with {_bytes(room)} free before it: {DISK_FIX}"
+            ) from e
+        raise
+    elapsed = time.monotonic() - started
+    log.info(
+        "%s restored and verified: %d files, %s in %.1f s (%s/s)",
+        what,
+        len(named),
+        format_bytes(total),
+        elapsed,
+        format_bytes(total / max(elapsed, 1e-6)),
+    )
+    resume = s.checkpoint_dir / Layout.resume_path(layout, s.step)
+    log.info("the trainer resumes from %s", resume)
+    return resume
+
+
+def download(
+    store: Store,
+    s: RestoreSettings,
+    named: list[tuple[str, FileEntry]],
+    staging: Path,
+    metrics: Metrics,
+) -> None:
+    """Downloads the checkpoint's files into ``staging``, each verified as it lands."""
+    what = checkpoint_dirname(s.step)
     staging.mkdir(parents=True)
     files = []
     algos = {}
@@ -137,21 +286,21 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
             raise CheckpointBad(f"{what}: {f.path}: {e}") from e
         files.append((key, str(dest), f.size, f.checksum))
     total = sum(f.size for _, f in named)
-
     progress = Progress(what, total, len(files), on_bytes=metrics.bytes.inc)
-    log.info("%s: downloading %d files, %s", what, len(files), format_bytes(total))
-    started = time.monotonic()
     transfer = Transfer(store, s.transfer)
     try:
         transfer.download_files(files, algos.__getitem__, progress)
     except VerificationFailed as e:
-        shutil.rmtree(staging, ignore_errors=True)
         raise CheckpointBad(f"{what} is corrupt: {e}") from e
     except NotFound as e:
-        shutil.rmtree(staging, ignore_errors=True)
         raise CheckpointBad(f"{what}: an object is gone: {e}") from e
     finally:
         transfer.close()
+
+
+def place(staging: Path, final: Path, layout: Layout | None) -> None:
+    """Puts the verified files where their layout goes: the HF Trainer's folder marked
+    complete, else the files and the framework's pointer files under the layout's base."""
     if layout is None:
         shutil.rmtree(final, ignore_errors=True)
         local.mark_complete(staging)
@@ -162,18 +311,6 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
             target_path(staging, relative).write_text(text)
         local.share(staging)
         move_into(staging, final)
-    elapsed = time.monotonic() - started
-    log.info(
-        "%s restored and verified: %d files, %s in %.1f s (%s/s)",
-        what,
-        len(files),
-        format_bytes(total),
-        elapsed,
-        format_bytes(total / max(elapsed, 1e-6)),
-    )
-    resume = s.checkpoint_dir / Layout.resume_path(layout, s.step)
-    log.info("the trainer resumes from %s", resume)
-    return resume
 
 
 def move_into(staging: Path, final: Path) -> None:
@@ -196,17 +333,21 @@ def move_into(staging: Path, final: Path) -> None:
 
 
 def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
+    unexpected = False
     try:
         restore(store, s, metrics)
         return EXIT_OK
     except CheckpointBad as e:
-        metrics.failures.labels("CheckpointBad").inc()
-        message = f"checkpoint bad: {e}"
-        code = EXIT_CHECKPOINT_BAD
+        reason, message, code = "CheckpointBad", f"checkpoint bad: {e}", EXIT_CHECKPOINT_BAD
+    except InsufficientDisk as e:
+        reason, code = "InsufficientDisk", EXIT_INSUFFICIENT_DISK
+        message = f"insufficient disk: {e}"
     except StorageError as e:
-        metrics.failures.labels(type(e).__name__).inc()
-        message = f"restore failed: {e}"
-        code = EXIT_ERROR
-    log.error("%s", message)
+        reason, message, code = type(e).__name__, f"restore failed: {e}", EXIT_ERROR
+    except Exception as e:  # the folder refusing (EACCES), a bug: named, never a bare exit 1
+        reason, code, unexpected = type(e).__name__, EXIT_ERROR, True
+        message = f"restore failed: {type(e).__name__}: {e}"
+    metrics.failures.labels(reason).inc()
+    log.error("%s", message, exc_info=unexpected)
     local.write_termination_message(s.termination_log, message)
     return code

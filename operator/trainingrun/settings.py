@@ -13,6 +13,13 @@ the first event. The chart sets these variables from its values (charts/training
   is re-read this often.
 - TRAININGRUN_NOTICE_TAINTS (none): notice taint keys beyond the built-in ones, comma-separated.
 - TRAININGRUN_WORKERS (8): passes of different runs that run in parallel.
+- TRAININGRUN_AGENT_METRICS (loopback): where the sync sidecar serves metrics: loopback, pod
+  (its pod IP, to be scraped) or off.
+- TRAININGRUN_ALLOWED_ENDPOINTS (none: any): the storage endpoints runs may name, comma-separated
+  URLs (scheme, host and optional port); "aws" allows AWS S3 itself (no endpoint). Set, any other
+  endpoint fails the run with StorageNotAllowed.
+- TRAININGRUN_ALLOWED_URIS (none: any): the prefixes runs' storage.uri must start with,
+  comma-separated s3:// URIs (the admin's base paths).
 """
 
 from __future__ import annotations
@@ -28,8 +35,10 @@ from typing import Any
 
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
 from trainingrun.decide.pod import AgentSettings
+from trainingrun.decide.storagepolicy import bad_allowlist_entries
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
+METRICS_MODES = ("loopback", "pod", "off")
 RESOURCE_SECTIONS = ("requests", "limits")
 # A Kubernetes resource quantity (apimachinery's resource.Quantity): 100m, 512Mi, 1.5, 2e3.
 QUANTITY = re.compile(
@@ -61,6 +70,9 @@ class OperatorSettings:
     # that is not the run's, and how often the PodNameTaken Event is repeated meanwhile.
     name_taken_retry_seconds: float = 5.0
     name_taken_repeat_seconds: float = 60.0
+    # The admin's allowlists of storage endpoints and uri prefixes (empty: any).
+    allowed_endpoints: tuple[str, ...] = ()
+    allowed_uris: tuple[str, ...] = ()
 
     @property
     def notice_taints(self) -> tuple[str, ...]:
@@ -76,14 +88,28 @@ class OperatorSettings:
             raise ConfigurationError(
                 f"TRAININGRUN_AGENT_PULL_POLICY={policy!r} must be one of {allowed}"
             )
+        metrics = env.get("TRAININGRUN_AGENT_METRICS") or AgentSettings.metrics
+        if metrics not in METRICS_MODES:
+            raise ConfigurationError(
+                f"TRAININGRUN_AGENT_METRICS={metrics!r} must be one of {', '.join(METRICS_MODES)}"
+            )
         agent = AgentSettings(
             image=env.get("TRAININGRUN_AGENT_IMAGE") or AgentSettings.image,
             image_pull_policy=policy,
+            metrics=metrics,
         )
         resources = _resources(env, "TRAININGRUN_AGENT_RESOURCES")
         if resources is not None:
             agent = dataclasses.replace(agent, resources=resources)
         taints = env.get("TRAININGRUN_NOTICE_TAINTS", "")
+        endpoints = _list(env, "TRAININGRUN_ALLOWED_ENDPOINTS")
+        uris = _list(env, "TRAININGRUN_ALLOWED_URIS")
+        bad = bad_allowlist_entries(endpoints, uris)
+        if bad:
+            raise ConfigurationError(
+                f"TRAININGRUN_ALLOWED_ENDPOINTS / TRAININGRUN_ALLOWED_URIS: {', '.join(bad)} "
+                "can never match: endpoints are http(s)://host[:port] or aws, uris s3://bucket/..."
+            )
         return cls(
             agent=agent,
             resync_seconds=_seconds(env, "TRAININGRUN_RESYNC_SECONDS", cls.resync_seconds),
@@ -95,7 +121,13 @@ class OperatorSettings:
             secret_wait_seconds=_number(
                 env, "TRAININGRUN_SECRET_WAIT_SECONDS", cls.secret_wait_seconds, minimum=0
             ),
+            allowed_endpoints=endpoints,
+            allowed_uris=uris,
         )
+
+
+def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
+    return tuple(v.strip() for v in env.get(name, "").split(",") if v.strip())
 
 
 def _number(

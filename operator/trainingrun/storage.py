@@ -109,6 +109,10 @@ class Credentials:
         return "Credentials(access_key=***, secret_key=***)"
 
 
+class StorageMisconfigured(Exception):
+    """No S3 client can be made of the run's endpoint, region and keys: they must change."""
+
+
 class CredentialsSecretError(StorageError):
     """The run's credentials Secret is missing or lacks a key."""
 
@@ -190,8 +194,13 @@ def make_client(
 def open_store(
     storage: StorageSpec, credentials: Credentials | None, budget: CallBudget = PATIENT_BUDGET
 ) -> Store:
-    """The store of a run's bucket, with the run's endpoint and region."""
-    client = make_client(storage.endpoint, storage.region, credentials, budget=budget)
+    """The store of a run's bucket, with its endpoint and region. Raises StorageMisconfigured."""
+    try:
+        client = make_client(storage.endpoint, storage.region, credentials, budget=budget)
+    except (ValueError, botocore.exceptions.BotoCoreError) as e:  # it names the value, not keys
+        raise StorageMisconfigured(
+            f"spec.checkpoint.storage: no S3 client can be made of it ({type(e).__name__}: {e})"
+        ) from None
     return Store(client, parse_uri(storage.uri).bucket)
 
 

@@ -123,6 +123,19 @@ class EndpointSlots:
                     del self._busy[endpoint]
 
 
+def public_message(error: Exception, storage: StorageSpec) -> str:
+    """What status and Events say of a failed bucket call. The endpoint is the tenant's choice
+    and the call comes from the operator's network position, so how a custom endpoint failed
+    to answer (refused, timed out, what a server there said) stays in the operator's log: an
+    Event that echoed it would let a tenant probe the operator's network."""
+    if isinstance(error, StorageUnavailable) and not isinstance(error, EndpointBusy):
+        return (
+            f"{endpoint_of(storage)} did not answer, or answered with a server error "
+            "(the operator's log has the details)"
+        )
+    return str(error)
+
+
 class SecretReader(Protocol):
     """``trainingrun.kube.Kube.get_secret_data``: the decoded data, None when absent."""
 
@@ -204,7 +217,13 @@ class RunStores:
         ttl = self._ttl if cached and cached[1] is not None else ABSENT_SECRET_TTL_SECONDS
         if cached and not fresh and now - cached[0] < min(ttl, self._ttl):
             return cached[1]
-        data = self._secrets.get_secret_data(namespace, name)
+        try:
+            data = self._secrets.get_secret_data(namespace, name)
+        except UnicodeDecodeError:
+            raise MissingSecret(
+                f"Secret {namespace}/{name} named by spec.checkpoint.storage.credentialsSecret "
+                "holds a value that is not UTF-8 text: store the keys as text"
+            ) from None
         self._secret_cache[key] = (now, data)
         return data
 

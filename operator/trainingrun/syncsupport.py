@@ -20,6 +20,7 @@ from watchdog.observers import Observer
 
 from trainingrun import layouts, local
 from trainingrun.contract import ANNOTATION_NOTICE
+from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 from trainingrun.local import LocalCheckpoint, Survey
 from trainingrun.manifest import Layout, ManifestError
 from trainingrun.storage import Location, NotFound, StorageAccessDenied, StorageRejected
@@ -249,11 +250,6 @@ def layout_of(ckpt: LocalCheckpoint) -> Layout | None:
     if f.format == "hf":
         return None
     return Layout(format=f.format, base=f.base, resume=f.resume, extras=dict(f.extras))
-
-
-# The start of the sidecar's termination message when it gives up on access denied; the operator
-# reads it from the container's last state (docs/operations.md).
-ACCESS_DENIED_MESSAGE = "checkpoints are not being committed: access denied"
 
 
 class AccessDeniedWatch:

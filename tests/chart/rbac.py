@@ -24,11 +24,11 @@ APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
         (TRAININGRUN, "trainingruns", "watch"),
         (TRAININGRUN, "trainingruns/status", "patch"),  # Kube.patch_run_status
         ("", "pods", "get"),  # Kube.get_pod
-        ("", "pods", "list"),  # kopf watch of run pods; Kube.run_pods_on_node
+        ("", "pods", "list"),  # kopf watch of run pods (also the pods on a node, from the cache)
         ("", "pods", "watch"),
         ("", "pods", "create"),  # Kube.create_pod
         ("", "pods", "delete"),  # Kube.delete_pod_by_uid
-        ("", "pods", "patch"),  # Kube.annotate_pod (the preemption notice)
+        ("", "pods", "patch"),  # Kube.annotate_pod (trainingrun.dev/ only: the chart's policy)
         ("", "services", "create"),  # Kube.create_service (a gang's headless Service)
         ("", "services", "get"),  # Kube.create_service, when it exists
         ("", "secrets", "get"),  # Kube.get_secret_data (credentialsSecret)

@@ -115,9 +115,10 @@ kubectl apply -f examples/trainingrun.yaml
 kubectl get trainingruns -o wide
 ```
 
-Needs Kubernetes >= 1.29 (the sync agent is a native sidecar). The operator and agent images are
-built from `images/` (`make images`); `make kind-up kind-install kind-e2e` tries the whole chain
-on a local kind cluster (Docker needed).
+Needs Kubernetes >= 1.29 (the sync agent is a native sidecar), and >= 1.30 for the admission
+policy of `rbac.restrictPodPatches` (on by default). The operator and agent images are built
+from `images/` (`make images`); `make kind-up kind-install kind-e2e` tries the whole chain on a
+local kind cluster (Docker needed).
 
 - **CRDs.** `crds/` holds the TrainingRun CRD (a copy of the repository's
   `crds/trainingrun.yaml`, made by `make chart-crds`) and kopf's peering CRDs. Helm installs them
@@ -133,7 +134,10 @@ on a local kind cluster (Docker needed).
 - **RBAC.** Framework rules (what kopf needs: CRD discovery, peering, namespaces when watching
   some) and application rules (TrainingRuns and their status, pods, nodes, Secrets by name,
   Events) are separate roles with the fewest verbs; no rule uses `*`. With
-  `operator.watchNamespaces` the namespaced rules are Roles in those namespaces.
+  `operator.watchNamespaces` the namespaced rules (pods, Secrets by name) are Roles in those
+  namespaces only, the least privilege; the pods on a node come from the operator's own watch,
+  never from a list across namespaces. A ValidatingAdmissionPolicy (`rbac.restrictPodPatches`)
+  lets the operator change a pod only in its `trainingrun.dev/` annotations.
 - **Security.** Non-root numeric user, read-only root filesystem, no privilege escalation, all
   capabilities dropped, `RuntimeDefault` seccomp.
 - **Probes and metrics.** kopf's liveness endpoint on `liveness.port` (`/healthz`); Prometheus

@@ -178,6 +178,22 @@ def test_env_follows_values(helm: Path) -> None:
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
+def test_storage_allowlists_and_agent_metrics_reach_the_operator(helm: Path) -> None:
+    values = {
+        "agent": {"metrics": "pod"},
+        "storage": {
+            "allowedEndpoints": ["http://minio.minio:9000", "aws"],
+            "allowedUris": ["s3://ckpt/tenants/{namespace}"],
+        },
+    }
+    env = env_of(container(template(helm, values)))
+
+    settings = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert settings.allowed_endpoints == ("http://minio.minio:9000", "aws")
+    assert settings.allowed_uris == ("s3://ckpt/tenants/{namespace}",)
+    assert settings.agent.metrics == "pod"
+
+
 def test_env_defaults_match_the_operator_defaults(helm: Path) -> None:
     """The chart's defaults are the operator's own (OperatorSettings, AgentSettings)."""
     env = env_of(container(template(helm)))
@@ -189,6 +205,9 @@ def test_env_defaults_match_the_operator_defaults(helm: Path) -> None:
         == OperatorSettings.checkpoint_refresh_seconds
     )
     assert env["TRAININGRUN_NOTICE_TAINTS"] == ""
+    defaults = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
+    assert (defaults.allowed_endpoints, defaults.allowed_uris) == ((), ())
+    assert defaults.agent.metrics == AgentSettings.metrics
 
 
 def test_digest_wins_over_tag(helm: Path) -> None:
@@ -309,13 +328,8 @@ def test_namespaced_rbac_uses_roles_in_each_namespace(helm: Path) -> None:
         bindings = [b for b in of_kind(objects, "RoleBinding") if b["metadata"]["namespace"] == ns]
         assert len(bindings) == 2
     cluster = set().union(*(grants(r) for r in of_kind(objects, "ClusterRole")))
-    # Cluster-wide only what is cluster-scoped, and the one list of pods by node name.
-    assert cluster == (
-        rbac.FRAMEWORK_ALWAYS
-        | rbac.FRAMEWORK_NAMESPACES
-        | rbac.APPLICATION_CLUSTER
-        | {("", "pods", "list")}
-    )
+    # Cluster-wide only what is cluster-scoped: the pods on a node come from the pod cache.
+    assert cluster == rbac.FRAMEWORK_ALWAYS | rbac.FRAMEWORK_NAMESPACES | rbac.APPLICATION_CLUSTER
 
 
 def test_no_rbac_when_disabled(helm: Path) -> None:

@@ -8,7 +8,11 @@ the CRDs served and the peering object created; a SubjectAccessReview allowing e
 resource the operator uses (tests/chart/rbac.py) and no for a few it must not have; uninstall
 removes the RBAC and keeps the CRDs. A namespaced install, and the real operator process
 authenticated as the chart's ServiceAccount (a TokenRequest token, no impersonation) taking a
-TrainingRun through start, a preemption notice and a resubmission with no 403 in its log.
+TrainingRun through start, a preemption notice and a resubmission with no 403 in its log (under
+the chart's admission policy on pod patches), with no pods list outside its namespace. That
+policy (``rbac.restrictPodPatches``) as the ServiceAccount: adding a trainingrun.dev/ annotation
+is allowed; changing a label, another annotation or the spec is denied with its message; an
+administrator's change of a label is not the policy's business.
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
 
 from tests import localenv as localenv_mod
 from tests.chart import rbac
@@ -233,6 +238,9 @@ def test_operator_runs_as_the_charts_service_account(
     assert not release.can_i("", "pods", "create", "default")
     assert not release.can_i("", "secrets", "get", "default")
     assert not release.can_i("kopf.dev", "clusterkopfpeerings", "patch", None)
+    # The pods on a node come from the operator's pod cache: no list of pods elsewhere.
+    assert not release.can_i("", "pods", "list", "default")
+    assert not release.can_i("", "pods", "list", None)
 
     kubeconfig = _sa_kubeconfig(localenv, core_v1, release, tmp_path / "operator.kubeconfig")
     identity = f"chart-test-{uuid.uuid4().hex[:6]}"
@@ -300,3 +308,97 @@ def test_operator_runs_as_the_charts_service_account(
     log = log_path.read_text(errors="replace")
     for sign in ("403", "Forbidden", "forbidden", "Not enough permissions"):
         assert sign not in log, f"RBAC refused the operator something:\n{log[-3000:]}"
+
+
+POLICY_MESSAGE = (
+    "the trainingrun operator may change a pod only in its trainingrun.dev/ annotations"
+)
+
+
+def _plain_pod(name: str) -> dict[str, Any]:
+    """A pod the operator's Role covers; never scheduled (no kwok node matches it)."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": {"team": "a"},
+            "annotations": {"example.com/owner": "alice"},
+        },
+        "spec": {
+            "nodeSelector": {"trainingrun.dev/no-such-node": "x"},
+            "containers": [{"name": "main", "image": "registry.invalid/none:1"}],
+        },
+    }
+
+
+def _refusal(patch: Callable[[], Any]) -> str | None:
+    """The API server's message when it refuses the patch with 403, None when it accepts it."""
+    try:
+        patch()
+    except ApiException as e:
+        assert e.status == 403, (e.status, e.body)
+        return str(json.loads(e.body)["message"])
+    return None
+
+
+def test_pod_patch_policy_lets_the_operator_add_only_its_annotations(
+    release: Release,
+    localenv: LocalEnv,
+    crd: str,
+    kwok_node: Callable[..., str],
+    core_v1: Any,
+    tmp_path: Path,
+) -> None:
+    ns = release.namespace
+    node = kwok_node()
+    release.install(
+        {
+            "operator": {"watchNamespaces": [ns]},
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "replicas": 1,
+            "leaderElection": {"enabled": False},
+        }
+    )
+    core_v1.create_namespaced_pod(ns, _plain_pod("p"))
+    kubeconfig = _sa_kubeconfig(localenv, core_v1, release, tmp_path / "operator.kubeconfig")
+    as_operator = client.CoreV1Api(config.new_client_from_config(config_file=str(kubeconfig)))
+
+    def patch(metadata: dict[str, Any] | None = None, **spec: Any) -> Callable[[], Any]:
+        body = {"metadata": metadata or {}, **({"spec": spec} if spec else {})}
+        return lambda: as_operator.patch_namespaced_pod("p", ns, body)
+
+    # The policy takes effect once the API server has loaded it: a fresh label value each try.
+    denied = wait_for(
+        lambda: _refusal(patch({"labels": {"team": uuid.uuid4().hex[:8]}})),
+        30,
+        "the policy to deny the operator a label change",
+    )
+    assert POLICY_MESSAGE in denied and "changes its labels" in denied
+    assert release.fullname + "-pod-patches" in denied
+
+    assert _refusal(patch({"annotations": {ANNOTATION_NOTICE: "karpenter.sh/disrupted"}})) is None
+    assert _refusal(patch({"annotations": {"trainingrun.dev/other": "x"}})) is None
+    changes: list[tuple[dict[str, Any], str]] = [
+        ({"annotations": {"example.com/owner": "mallory"}}, "another annotation"),
+        ({"annotations": {"example.com/new": "x"}}, "another annotation"),
+        ({"annotations": {"example.com/owner": None}}, "another annotation"),
+        ({"finalizers": ["example.com/keep"]}, "finalizers or owner references"),
+    ]
+    for change, what in changes:
+        refused = _refusal(patch(change))
+        assert refused is not None and POLICY_MESSAGE in refused, change
+        assert f"changes {what}" in refused or f"changes its {what}" in refused, refused
+    refused = _refusal(patch(activeDeadlineSeconds=60))
+    assert refused is not None and "changes its spec" in refused
+
+    pod = core_v1.read_namespaced_pod("p", ns)
+    assert pod.metadata.annotations == {
+        "example.com/owner": "alice",
+        ANNOTATION_NOTICE: "karpenter.sh/disrupted",
+        "trainingrun.dev/other": "x",
+    }
+    assert pod.metadata.finalizers is None and pod.spec.active_deadline_seconds is None
+    # Only the operator's requests are the policy's business.
+    core_v1.patch_namespaced_pod("p", ns, {"metadata": {"labels": {"team": "b"}}})
+    assert core_v1.read_namespaced_pod("p", ns).metadata.labels == {"team": "b"}

@@ -36,7 +36,7 @@ from tests.integration.agents import (
     start_sync,
 )
 from tests.integration.support import wait_for
-from trainingrun.syncsupport import ACCESS_DENIED_MESSAGE
+from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 
 MiB = 1 << 20
 

@@ -108,6 +108,34 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
         "spec.preemption.terminationGracePeriodSeconds",
     ),
     ("name-too-long", _set("metadata.name", "r" * 53), "metadata.name"),
+    # Storage that passes a loose schema but can never work, or reaches into other runs.
+    ("region-space", _set("spec.checkpoint.storage.region", "us east"), "storage.region"),
+    (
+        "endpoint-underscore",
+        _set("spec.checkpoint.storage.endpoint", "http://exa_mple:9000"),
+        "spec.checkpoint.storage.endpoint",
+    ),
+    (
+        "endpoint-port-out-of-range",
+        _set("spec.checkpoint.storage.endpoint", "http://example:99999"),
+        "port from 1 to 65535",
+    ),
+    (
+        "endpoint-with-password",
+        _set("spec.checkpoint.storage.endpoint", "http://user:secret@example:9000"),
+        "spec.checkpoint.storage.endpoint",
+    ),
+    (
+        "uri-inside-checkpoints",
+        _set("spec.checkpoint.storage.uri", "s3://bucket/runs/ml/other/checkpoints/x"),
+        "'checkpoints'",
+    ),
+    (
+        "uri-empty-part",
+        _set("spec.checkpoint.storage.uri", "s3://bucket//runs"),
+        "spec.checkpoint.storage.uri",
+    ),
+    ("size-limit-words", _set("spec.checkpoint.sizeLimit", "lots"), "spec.checkpoint.sizeLimit"),
 ]
 
 
@@ -146,6 +174,22 @@ def test_valid_trainingrun_is_accepted_with_defaults(
     assert got["spec"]["restartPolicy"]["maxRestarts"] == 3
     assert got["spec"]["restartPolicy"]["backoff"]["maxSeconds"] == 300
     assert "karpenter.sh/disrupted" in got["spec"]["preemption"]["noticeTaints"]
+
+
+def test_storage_within_the_rules_is_accepted(localenv: LocalEnv, crd: str, namespace: str) -> None:
+    doc = copy.deepcopy(VALID)
+    doc["metadata"]["name"] = "storage-ok"
+    doc["spec"]["checkpoint"]["sizeLimit"] = "50Gi"
+    doc["spec"]["checkpoint"]["storage"] = {
+        "uri": "s3://bucket/runs/team-a/",
+        "endpoint": "http://[::1]:9000/s3",
+        "region": "us-east-1",
+        "credentialsSecret": "creds",
+    }
+    proc = localenv.kubectl_run(
+        "apply", "--dry-run=server", "-n", namespace, "-f", "-", stdin=yaml.safe_dump(doc)
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 @pytest.mark.parametrize(

@@ -206,14 +206,6 @@ class FakeKube:
         if pod is not None:
             pod["metadata"].setdefault("annotations", {}).update(annotations)
 
-    def run_pods_on_node(self, node: str, label: str) -> list[dict[str, Any]]:
-        return [
-            copy.deepcopy(p)
-            for p in self.pods.values()
-            if (p.get("spec") or {}).get("nodeName") == node
-            and label in (p["metadata"].get("labels") or {})
-        ]
-
     def get_node(self, name: str) -> dict[str, Any] | None:
         node = self.nodes.get(name)
         return copy.deepcopy(node) if node else None

@@ -24,6 +24,11 @@ Covers every row of the table in ``trainingrun.decide.classify`` and the cases a
   restore's name that is not the operator's (a user init container of a fresh start, a faked
   resume annotation dropped, a pod without the resume annotation) exiting with that code ->
   Failed "InitFailed";
+- the operator's restore exiting with the insufficient-disk code -> Permanent "InsufficientDisk"
+  with its message (the run fails, it does not loop); the same code from a container that is not
+  the operator's restore -> Failed "InitFailed";
+- every message taken from a container or pod status is bounded (``bounded``): control
+  characters become spaces, at most MESSAGE_MAX characters with a marker naming what was cut;
 - image and config errors on any container -> Permanent; an image pull error (ErrImagePull,
   ImagePullBackOff) only once it has lasted IMAGE_PULL_GRACE_SECONDS since the pod was scheduled
   (or created), NotEnded "ImagePullRetrying" with the time to look again before that;
@@ -40,21 +45,25 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import RunBuilder, make_node, make_pod, make_run, pod_from
-from trainingrun.api import DEFAULT_NOTICE_TAINTS
+from trainingrun.api import DEFAULT_NOTICE_TAINTS, RestartPolicySpec
 from trainingrun.cache import slim_pod
 from trainingrun.contract import (
     ANNOTATION_RESUME_STEP,
     EXIT_CHECKPOINT_BAD,
+    EXIT_INSUFFICIENT_DISK,
     RESTORE_CONTAINER,
     SYNC_CONTAINER,
 )
 from trainingrun.decide.classify import (
     IMAGE_PULL_GRACE_SECONDS,
+    MESSAGE_MAX,
     End,
     Outcome,
+    bounded,
     classify,
 )
 from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, resume_of
+from trainingrun.decide.policy import Action, Counters, decide
 
 SPOT_TAINT = "aws-node-termination-handler/spot-itn"
 
@@ -529,6 +538,32 @@ CASES = [
         ),
         id="restore-exit-3-without-message-is-a-bad-checkpoint",
     ),
+    # -- InsufficientDisk -------------------------------------------------------------------
+    pytest.param(
+        Case(
+            pod_from(RESUMED_POD)
+            .restore_exited(
+                EXIT_INSUFFICIENT_DISK,
+                message="checkpoint-120 needs 2000 bytes but only 1000 bytes are free\n",
+            )
+            .build(),
+            End.PERMANENT,
+            "InsufficientDisk",
+            ready_node,
+            message_has="checkpoint-120 needs 2000 bytes but only 1000 bytes are free",
+        ),
+        id="restore-out-of-disk-is-permanent-with-its-message",
+    ),
+    pytest.param(
+        Case(
+            pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK).build(),
+            End.PERMANENT,
+            "InsufficientDisk",
+            ready_node,
+            message_has="sizeLimit",
+        ),
+        id="restore-out-of-disk-without-message-is-permanent",
+    ),
     # -- Permanent --------------------------------------------------------------------------
     *[
         pytest.param(
@@ -703,6 +738,40 @@ def _faked_resume_annotation() -> RunRef:
             "InitFailed",
             id="in-a-pod-without-the-operators-resume-annotation",
         ),
+        pytest.param(
+            pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK).build(),
+            End.PERMANENT,
+            "InsufficientDisk",
+            id="the-operators-restore-out-of-disk",
+        ),
+        pytest.param(
+            slim_pod(pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK).build()),
+            End.PERMANENT,
+            "InsufficientDisk",
+            id="the-operators-restore-out-of-disk-as-the-pod-cache-keeps-it",
+        ),
+        pytest.param(
+            pod_from(_built(make_run("r1").with_init_container(USER_RESTORE), None))
+            .init_exited(RESTORE_CONTAINER, EXIT_INSUFFICIENT_DISK)
+            .build(),
+            End.FAILED,
+            "InitFailed",
+            id="out-of-disk-from-a-user-init-container-of-the-same-name-is-a-failure",
+        ),
+        pytest.param(
+            pod_from(_built(_faked_resume_annotation(), None))
+            .init_exited(RESTORE_CONTAINER, EXIT_INSUFFICIENT_DISK)
+            .build(),
+            End.FAILED,
+            "InitFailed",
+            id="out-of-disk-with-a-resume-annotation-faked-in-the-template",
+        ),
+        pytest.param(
+            make_pod().restore_exited(EXIT_INSUFFICIENT_DISK).build(),
+            End.FAILED,
+            "InitFailed",
+            id="out-of-disk-in-a-pod-without-the-operators-resume-annotation",
+        ),
     ],
 )
 def test_only_the_operators_restore_reports_a_bad_checkpoint(
@@ -752,3 +821,106 @@ def test_image_pull_retrying_says_when_it_decides() -> None:
     assert outcome.decide_at == deadline
     assert deadline.strftime("%Y-%m-%dT%H:%M:%SZ") in outcome.message
     assert "i/o timeout" in outcome.message
+
+
+def test_insufficient_disk_ends_the_run_instead_of_looping() -> None:
+    pod = pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK, message="no room").build()
+    outcome = classify(pod, node=ready_node, node_deleted=False, notice_taints=[], now=NOW)
+
+    decision = decide(outcome, Counters(), RestartPolicySpec(), resume_step=120, latest_step=120)
+
+    assert (decision.action, decision.reason) == (Action.FAIL, "InsufficientDisk")
+    assert decision.message == "no room"
+    assert decision.counters == Counters()
+
+
+# -- bounded messages ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "limit", "expected"),
+    [
+        pytest.param("CUDA error", 1024, "CUDA error", id="short-text-unchanged"),
+        pytest.param("line 1\nline 2\r\n", 1024, "line 1 line 2", id="newlines-become-spaces"),
+        pytest.param("a\tb\x00c\x1b[31md\x7fe", 1024, "a b c [31md e", id="c0-and-del"),
+        pytest.param("a\x85b\x9bc", 1024, "a b c", id="c1-controls"),
+        pytest.param("a\u2028b\u2029c", 1024, "a b c", id="line-and-paragraph-separators"),
+        pytest.param("user \u202egnp.exe", 1024, "user  gnp.exe", id="bidi-override"),
+        pytest.param("Grüße, 日本語 ✓", 1024, "Grüße, 日本語 ✓", id="printable-unicode-kept"),
+        pytest.param("", 1024, "", id="empty"),
+        pytest.param("x" * 10, 10, "x" * 10, id="exactly-the-limit"),
+        pytest.param("x" * 40, 30, "x" * 5 + " [... 35 more characters]", id="cut-with-marker"),
+        pytest.param("x" * 104, 30, "x" * 5 + " [... 99 more characters]", id="count-99"),
+        pytest.param("x" * 105, 30, "x" * 4 + " [... 101 more characters]", id="gains-a-digit"),
+        pytest.param(" a\n" + "x" * 40, 30, "a xxx [... 37 more characters]", id="stripped-first"),
+        pytest.param("x" * 100, 5, "x" * 5, id="no-room-for-a-marker"),
+    ],
+)
+def test_bounded(raw: str, limit: int, expected: str) -> None:
+    assert bounded(raw, limit) == expected
+
+
+@pytest.mark.parametrize("size", [1024, 1025, 5000, 1_000_000], ids=lambda n: f"{n}-chars")
+def test_bounded_stays_within_the_limit_and_counts_what_it_cut(size: int) -> None:
+    raw = "y" * size
+
+    out = bounded(raw)
+
+    assert len(out) <= MESSAGE_MAX
+    kept, _, marker = out.partition(" [... ")
+    assert kept == raw[: len(kept)]
+    if size > MESSAGE_MAX:
+        assert marker == f"{size - len(kept)} more characters]"
+    else:
+        assert out == raw
+
+
+def _long(detail: str) -> str:
+    return "Traceback (most recent call last):\n" + (detail * 3000)[:3000] + "\x1b[0m"
+
+
+def _failed_pod(message: str) -> dict[str, Any]:
+    pod = make_pod().phase("Failed").on_node().build()
+    pod["status"]["message"] = message
+    return pod
+
+
+@pytest.mark.parametrize(
+    "pod",
+    [
+        pytest.param(make_pod().trainer_exited(1, message=_long("boom\n")).build(), id="trainer"),
+        pytest.param(
+            pod_from(RESUMED_POD)
+            .restore_exited(EXIT_CHECKPOINT_BAD, message=_long("bad\n"))
+            .build(),
+            id="restore-bad-checkpoint",
+        ),
+        pytest.param(
+            pod_from(RESUMED_POD)
+            .restore_exited(EXIT_INSUFFICIENT_DISK, message=_long("full\n"))
+            .build(),
+            id="restore-out-of-disk",
+        ),
+        pytest.param(
+            make_pod().on_node().ended_by("Evicted", _long("pressure\n")).build(),
+            id="pod-status-message",
+        ),
+        pytest.param(
+            make_pod().trainer_exited(143).disrupted("EvictionByEvictionAPI", _long("x\n")).build(),
+            id="disruption-condition",
+        ),
+        pytest.param(
+            make_pod().on_node().waiting("InvalidImageName", message=_long("img\n")).build(),
+            id="waiting-container",
+        ),
+        pytest.param(_failed_pod(_long("m\n")), id="failed-pod"),
+    ],
+)
+def test_messages_from_the_pod_are_bounded(pod: dict[str, Any]) -> None:
+    outcome = classify(pod, node=ready_node, node_deleted=False, notice_taints=[], now=NOW)
+
+    assert outcome.ended
+    assert "more characters]" in outcome.message
+    assert len(outcome.message) <= MESSAGE_MAX + 100  # the bounded text and a short preface
+    assert not any(ch in outcome.message for ch in "\n\r\t\x1b")
+    assert "Traceback (most recent call last): " in outcome.message

@@ -3,9 +3,10 @@
 Covers: a missing or malformed variable (storage URI missing, not s3://, without a bucket; part
 size below 5 MiB, not a number, not finite; concurrency, keep, quiet and drain periods, bandwidth
 and nice out of range; checkpoint folder missing; restore step missing or not a plain step
-number) makes the command exit 2 before touching the network, with a message on stderr that
-names the variable. Both through ``cli.main`` with the process environment, and through the
-subcommand functions with an explicit mapping.
+number; a size limit that is not a byte quantity) makes the command exit 2 before touching the
+network, with a message on stderr that names the variable. Both through ``cli.main`` with the
+process environment, and through the subcommand functions with an explicit mapping. The restore
+gets ``TRAININGRUN_SIZE_LIMIT`` in bytes, and no limit without it.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import argparse
 
 import pytest
 
-from trainingrun import cli
+from trainingrun import cli, restore
 
 VALID = {
     "TRAININGRUN_STORAGE_URI": "s3://bucket/runs/ml/r1",
@@ -139,6 +140,14 @@ RESTORE_CASES = [
             ("space", "1 2"),
         ]
     ),
+    *(
+        pytest.param(
+            {"TRAININGRUN_SIZE_LIMIT": raw},
+            f"TRAININGRUN_SIZE_LIMIT: {raw!r} is not a quantity",
+            id=f"size-limit-{name}",
+        )
+        for name, raw in [("word", "lots"), ("unit-bytes", "50GiB"), ("milli", "500m")]
+    ),
 ]
 
 
@@ -213,3 +222,27 @@ def test_main_reads_the_process_environment(
     assert cli.main([command]) == 2
 
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("overrides", "limit"),
+    [
+        pytest.param({}, None, id="no-limit"),
+        pytest.param({"TRAININGRUN_SIZE_LIMIT": "50Gi"}, 50 << 30, id="gibibytes"),
+        pytest.param({"TRAININGRUN_SIZE_LIMIT": "1.5G"}, 1_500_000_000, id="decimal-giga"),
+    ],
+)
+def test_restore_gets_the_size_limit_in_bytes(
+    monkeypatch: pytest.MonkeyPatch, overrides: dict[str, str], limit: int | None
+) -> None:
+    seen: list[restore.RestoreSettings] = []
+
+    def main(store: object, settings: restore.RestoreSettings, metrics: object) -> int:
+        seen.append(settings)
+        return 0
+
+    monkeypatch.setattr(restore, "main", main)
+
+    assert _run("restore", {"TRAININGRUN_METRICS_PORT": "0", **overrides}) == 0
+
+    assert [s.size_limit for s in seen] == [limit]

@@ -292,7 +292,6 @@ def test_endpoint_slots_are_given_back() -> None:
     [
         pytest.param("http://S3.Example:9000/", None, "http://s3.example:9000", id="case-path"),
         pytest.param("https://s3.example", None, "https://s3.example", id="no-port"),
-        pytest.param("http://u:pw@s3.example:81", None, "http://s3.example:81", id="no-userinfo"),
         pytest.param(None, "eu-west-3", "AWS S3 (eu-west-3)", id="aws-region"),
         pytest.param(None, None, "AWS S3 (default region)", id="aws-default"),
     ],

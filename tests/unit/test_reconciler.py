@@ -88,8 +88,16 @@ class World:
     """A cluster and a bucket in memory, and a Reconciler over them (``restart()`` builds a new
     one over the same world: an operator restart, caches and memory lost)."""
 
-    def __init__(self, secret: str | None = None, replicas: int = 1, **policy: Any) -> None:
+    def __init__(
+        self,
+        secret: str | None = None,
+        replicas: int = 1,
+        settings: OperatorSettings | None = None,
+        storage: dict[str, Any] | None = None,
+        **policy: Any,
+    ) -> None:
         self.clock = Clock()
+        self.settings = settings or OperatorSettings()
         self.kube = FakeKube()
         self.bucket = FakeBucket()
         builder = make_run(RUN).with_restart_policy(**policy)
@@ -97,6 +105,8 @@ class World:
             builder = builder.with_replicas(replicas)
         if secret:
             builder = builder.with_storage(credentials_secret=secret)
+        if storage:
+            builder = builder.with_storage(**storage)
         self.builder = builder
         spec = builder.spec().model_dump(by_alias=True, exclude_none=True)
         meta = {"name": RUN, "namespace": NAMESPACE, "uid": builder.uid, "generation": 1}
@@ -114,7 +124,7 @@ class World:
             RunStores(self.kube, 30.0, self.bucket.open, monotonic=self.clock.monotonic),
             self.events,
             metrics,
-            OperatorSettings(),
+            self.settings,
             now=self.clock.now,
             monotonic=self.clock.monotonic,
         )

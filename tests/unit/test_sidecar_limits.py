@@ -36,11 +36,12 @@ from tests.unit.fakes import moto_s3
 from trainingrun import local, parts, sync
 from trainingrun.checksum import CRC64NVME, SHA256, Algorithm, file_digest
 from trainingrun.committed import read_run_manifest
+from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 from trainingrun.parts import MAX_PARTS, ByteBudget, PartReader, plan_parts
 from trainingrun.stopsignal import StopRequest
 from trainingrun.storage import Location, StorageAccessDenied, StorageUnavailable, Store
 from trainingrun.sync import Sync, SyncSettings
-from trainingrun.syncsupport import ACCESS_DENIED_MESSAGE, AccessDeniedWatch, Metrics
+from trainingrun.syncsupport import AccessDeniedWatch, Metrics
 from trainingrun.transfer import MiB, Progress, Transfer, TransferSettings
 
 GiB = 1 << 30

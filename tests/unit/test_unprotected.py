@@ -20,7 +20,11 @@ Covers:
   no commit since its start; a commit seen while the sidecar finishes still counts; a finished
   run is left alone;
 - the message for a named format and for a pattern;
-- ``warns_unprotected()`` is True exactly for the pass that warns.
+- ``warns_unprotected()`` is True exactly for the pass that warns;
+- a sync sidecar whose last run gave up on access denied (its termination message) turns the
+  condition False at once (AccessDenied, one Warning Event, the message cut to a line and a
+  bound), unless a checkpoint was committed since the trainer started; other endings of the
+  sidecar do not.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ import pytest
 
 from tests.unit.builders import T0, RunBuilder, make_node, make_run, pod_from
 from trainingrun.api import CheckpointRef, Condition, TrainingRunStatus
-from trainingrun.contract import TIME_FORMAT_MICRO, TRAINER_CONTAINER, rfc3339
+from trainingrun.contract import SYNC_CONTAINER, TIME_FORMAT_MICRO, TRAINER_CONTAINER, rfc3339
 from trainingrun.decide import reasons as R
 from trainingrun.decide.pod import AgentSettings, build_pod
+from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE, MAX_SIDECAR_MESSAGE
 from trainingrun.decide.reconcile import Plan, plan, started, warns_unprotected
 from trainingrun.decide.status import Event, fail, set_condition
 
@@ -394,3 +399,76 @@ def test_warns_unprotected_is_true_for_the_pass_that_warns(
 
     assert warns_unprotected(obs) is expected
     assert warns_unprotected(obs) == any(e.reason == R.UNPROTECTED for e in plan(obs).events)
+
+
+# -- the sync sidecar gave up on access denied ------------------------------------------------
+
+
+def _sidecar_gave_up(pod: dict[str, Any], message: str, where: str = "lastState") -> None:
+    """The sync sidecar's status after it exited with ``message`` and was restarted."""
+    sync = next(s for s in pod["status"]["initContainerStatuses"] if s["name"] == SYNC_CONTAINER)
+    sync[where] = {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
+
+
+DENIED = f"{ACCESS_DENIED_MESSAGE} for 300 s (s3://b/ml/r1/manifest.json: access denied)"
+
+
+@pytest.mark.parametrize("elapsed", [1, LIMIT - 1, LIMIT + 1], ids=lambda s: f"{s}s")
+def test_a_sidecar_that_gave_up_on_access_denied_warns_at_once(elapsed: int) -> None:
+    run = _run()
+    status, pod = _launched(run)
+    pod = _trainer_since(pod)
+    _sidecar_gave_up(pod, DENIED)
+
+    p = _pass(run, status, pod, elapsed)
+
+    cond = _protected(p.status)
+    assert cond is not None
+    assert (cond.status, cond.reason) == ("False", R.ACCESS_DENIED)
+    assert DENIED in cond.message and "credentialsSecret" in cond.message
+    assert _reasons(p.events) == [("Warning", R.ACCESS_DENIED)]
+    again = _pass(run, p.status, pod, elapsed + 30)
+    assert again.events == [] and _protected(again.status) == cond
+
+
+def test_a_commit_after_the_trainer_started_outweighs_an_old_access_denied() -> None:
+    run = _run()
+    status, pod = _launched(run)
+    pod = _trainer_since(pod)
+    _sidecar_gave_up(pod, DENIED)
+
+    p = _pass(run, status, pod, 60, latest=_commit(10, 30))
+
+    cond = _protected(p.status)
+    assert cond is not None and cond.reason == R.CHECKPOINT_COMMITTED
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["sync: StorageUnavailable: the endpoint did not answer", "", "Error: OOM"],
+    ids=["other-failure", "empty", "oom"],
+)
+def test_other_sidecar_endings_do_not_say_access_denied(message: str) -> None:
+    run = _run()
+    status, pod = _launched(run)
+    pod = _trainer_since(pod)
+    _sidecar_gave_up(pod, message)
+
+    p = _pass(run, status, pod, 10)
+
+    cond = _protected(p.status)
+    assert cond is not None and cond.reason == R.AWAITING_CHECKPOINT
+
+
+def test_the_sidecar_message_is_cut_to_its_first_line_and_a_bound() -> None:
+    run = _run()
+    status, pod = _launched(run)
+    pod = _trainer_since(pod)
+    _sidecar_gave_up(pod, DENIED + "x" * 5000 + "\nsecond line", where="state")
+
+    p = _pass(run, status, pod, 10)
+
+    cond = _protected(p.status)
+    assert cond is not None and cond.reason == R.ACCESS_DENIED
+    assert "second line" not in cond.message
+    assert len(cond.message) < MAX_SIDECAR_MESSAGE + 400

@@ -9,10 +9,12 @@
 | notice taint on the node or notice annotation, then an end   | Preempted     |
 | non-zero exit, OOMKilled                                     | Failed        |
 | the operator's restore exited with the checkpoint-bad code  | CheckpointBad |
+| the operator's restore exited with the insufficient-disk code | Permanent     |
 | image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
 
-The checkpoint-bad exit code counts only from the restore the operator added: the init container
+The restore's exit codes (checkpoint-bad, insufficient-disk) count only from the restore the
+operator added: the init container
 ``RESTORE_CONTAINER`` of a pod that carries the operator's resume annotation. ``build_pod`` sets
 that annotation exactly when it adds its restore and drops every ``trainingrun.dev/*`` key of the
 template, so a template cannot fake it, and a user container of the same name cannot sit beside
@@ -20,10 +22,15 @@ the operator's (the API server refuses two containers of one name). A user conta
 name in a pod that resumes from nothing (a template made before names were reserved) exiting
 with that code is a plain failure. (The containers' spec cannot tell: the reconciler's pod cache
 keeps none of it.)
+
+Every message taken from a container or pod status (a termination message, a condition's or
+the pod's message) is ``bounded``: it goes into ``status.message`` and Events, and the
+container writing it may print anything (a whole traceback, terminal escapes).
 """
 
 from __future__ import annotations
 
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -34,6 +41,7 @@ from trainingrun.contract import (
     ANNOTATION_NOTICE,
     ANNOTATION_RESUME_STEP,
     EXIT_CHECKPOINT_BAD,
+    EXIT_INSUFFICIENT_DISK,
     RESTORE_CONTAINER,
     TIME_FORMAT,
     TRAINER_CONTAINER,
@@ -50,6 +58,13 @@ PERMANENT_WAITING_REASONS = frozenset(
 # scheduled: about five pulls.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 IMAGE_PULL_GRACE_SECONDS = 300
+# The longest message taken from a container or pod status, marker included: enough for an
+# error and its cause, short enough for a status field and an Event.
+MESSAGE_MAX = 1024
+# What becomes a space in such a message: control characters (newlines, tabs, terminal escapes,
+# C1), invisible format characters (bidirectional overrides reorder what a reader sees), lone
+# surrogates, and line and paragraph separators.
+UNPRINTED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class End(Enum):
@@ -74,6 +89,29 @@ class Outcome:
     @property
     def ended(self) -> bool:
         return self.end is not End.NOT_ENDED
+
+
+def bounded(text: object, limit: int = MESSAGE_MAX) -> str:
+    """``text`` fit for a status message: every character of UNPRINTED_CATEGORIES a space, no
+    space at either end, and at most ``limit`` characters, the last ones a marker that counts
+    what was cut."""
+    clean = "".join(
+        " " if unicodedata.category(ch) in UNPRINTED_CATEGORIES else ch for ch in str(text)
+    ).strip()
+    if len(clean) <= limit:
+        return clean
+    keep = limit
+    for _ in range(4):  # the marker's length depends on the count it shows: three rounds do
+        marker = f" [... {len(clean) - keep} more characters]"
+        if keep + len(marker) <= limit:
+            return clean[:keep] + marker
+        keep = max(limit - len(marker), 0)
+    return clean[:limit]  # a limit too small for any marker
+
+
+def _message(obj: Mapping[str, Any], default: str = "") -> str:
+    """The ``message`` of a status, condition or container state, bounded, or ``default``."""
+    return bounded(obj.get("message") or "") or default
 
 
 def _conditions(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
@@ -174,10 +212,9 @@ def classify(
     if disrupted is not None:
         return disrupted
 
-    restore = _terminated(container_status(pod, RESTORE_CONTAINER))
-    if restore and restore.get("exitCode") == EXIT_CHECKPOINT_BAD and operators_restore(pod):
-        msg = str(restore.get("message") or "restore found the checkpoint corrupt")
-        return Outcome(End.CHECKPOINT_BAD, R.CHECKPOINT_BAD, msg.strip())
+    refused = _restore_refused(pod)
+    if refused is not None:
+        return refused
 
     trainer_status = container_status(pod, TRAINER_CONTAINER)
     trainer = _terminated(trainer_status)
@@ -209,6 +246,27 @@ def classify(
     return _lost_or_failed(pod, trainer, node, node_deleted, notice_taints)
 
 
+def _restore_refused(pod: Mapping[str, Any]) -> Outcome | None:
+    """The operator's restore refused the checkpoint (module docstring): it is bad (the operator
+    falls back to an older one), or it does not fit the checkpoint volume (the run fails: every
+    attempt would fail the same way)."""
+    restore = _terminated(container_status(pod, RESTORE_CONTAINER))
+    if not restore or not operators_restore(pod):
+        return None
+    code = restore.get("exitCode")
+    if code == EXIT_CHECKPOINT_BAD:
+        msg = _message(restore, "restore found the checkpoint corrupt")
+        return Outcome(End.CHECKPOINT_BAD, R.CHECKPOINT_BAD, msg)
+    if code == EXIT_INSUFFICIENT_DISK:
+        msg = _message(
+            restore,
+            "the checkpoint does not fit the checkpoint volume: raise spec.checkpoint.sizeLimit "
+            "or use nodes with more disk",
+        )
+        return Outcome(End.PERMANENT, R.INSUFFICIENT_DISK, msg)
+    return None
+
+
 def _lost_or_failed(
     pod: Mapping[str, Any],
     trainer: Mapping[str, Any] | None,
@@ -224,7 +282,7 @@ def _lost_or_failed(
         return Outcome(End.PREEMPTED, R.NODE_DELETED, "the pod's node was deleted")
     if status.get("reason") in PREEMPTING_POD_REASONS:
         reason = str(status["reason"])
-        return Outcome(End.PREEMPTED, reason, str(status.get("message") or reason))
+        return Outcome(End.PREEMPTED, reason, _message(status, reason))
     if (pod.get("spec") or {}).get("nodeName") and node_not_ready(node):
         return Outcome(End.PREEMPTED, R.NODE_NOT_READY, "the pod's node is not ready")
     if phase == "Failed" or trainer:
@@ -249,7 +307,7 @@ def _disrupted(pod: Mapping[str, Any], stopping: bool) -> Outcome | None:
     reason = str(disruption.get("reason") or R.DISRUPTION_TARGET)
     if stopping:
         return Outcome(End.NOT_ENDED, R.TERMINATING, f"{reason}: saving and stopping")
-    return Outcome(End.PREEMPTED, reason, str(disruption.get("message") or reason))
+    return Outcome(End.PREEMPTED, reason, _message(disruption, reason))
 
 
 def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
@@ -259,7 +317,7 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
         waiting = (s.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") not in PERMANENT_WAITING_REASONS:
             continue
-        detail = waiting.get("message") or waiting["reason"]
+        detail = _message(waiting, str(waiting["reason"]))
         message = f"container {s.get('name')}: {detail}"
         since = _scheduled_at(pod)
         if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
@@ -297,7 +355,7 @@ def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outco
         code = trainer.get("exitCode")
         if trainer.get("reason") == R.OOM_KILLED:
             return Outcome(End.FAILED, R.OOM_KILLED, f"the trainer ran out of memory (exit {code})")
-        detail = str(trainer.get("message") or "").strip()
+        detail = _message(trainer)
         msg = f"the trainer exited {code}" + (f": {detail}" if detail else "")
         return Outcome(End.FAILED, R.TRAINER_ERROR, msg)
     for s in _statuses(pod, "initContainerStatuses"):
@@ -309,4 +367,4 @@ def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outco
                 f"init container {s.get('name')} exited {term.get('exitCode')}",
             )
     status = pod.get("status") or {}
-    return Outcome(End.FAILED, R.POD_FAILED, str(status.get("message") or "the pod failed"))
+    return Outcome(End.FAILED, R.POD_FAILED, _message(status, "the pod failed"))

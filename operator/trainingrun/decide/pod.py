@@ -3,8 +3,12 @@ chosen checkpoint and the operator's agent settings.
 
 Shape: the user's template with its ``trainer`` container; a restore init container (only when
 resuming); the sync sidecar as a native sidecar (init container with ``restartPolicy: Always``);
-an ``emptyDir`` checkpoint volume at ``spec.checkpoint.localPath`` in all three; the
-``TRAININGRUN_*`` environment; credentials by ``secretKeyRef`` only; ``restartPolicy: Never``.
+an ``emptyDir`` checkpoint volume at ``spec.checkpoint.localPath`` in all three (with
+``spec.checkpoint.sizeLimit`` when set); the ``TRAININGRUN_*`` environment; credentials by
+``secretKeyRef`` only; ``restartPolicy: Never``. The two agents run hardened (``_agent``): no
+privilege escalation, no capabilities, a read-only root, the RuntimeDefault seccomp profile,
+as the trainer's user when the template names a non-root one, with their metrics served
+where ``AgentSettings.metrics`` says (``decide.agents``).
 The template's labels and annotations are kept except the operator's own (``trainingrun.dev/*``
 and its subdomains): those are the signals it reads back from the pod, set by it alone.
 
@@ -24,6 +28,7 @@ from typing import Any
 
 from trainingrun import contract as c
 from trainingrun.api import GROUP, KIND, VERSION, TrainingRunSpec
+from trainingrun.decide.agents import agent_user, metrics_env, security_context
 from trainingrun.manifest import checkpoint_dirname, checkpoint_prefix
 
 
@@ -35,6 +40,9 @@ class AgentSettings:
     image_pull_policy: str = "IfNotPresent"
     sync_command: tuple[str, ...] = ("trainingrun", "sync")
     restore_command: tuple[str, ...] = ("trainingrun", "restore")
+    # Where the sync sidecar serves its metrics: loopback (127.0.0.1, the default), pod (the
+    # pod's IP, for a PodMonitor to scrape), or off.
+    metrics: str = "loopback"
     resources: dict[str, Any] = field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -240,22 +248,23 @@ def _mount(path: str) -> dict[str, Any]:
 
 
 def _agent(
-    name: str, command: tuple[str, ...], env: list[dict[str, Any]], run: RunRef, s: AgentSettings
+    name: str,
+    command: tuple[str, ...],
+    env: list[dict[str, Any]],
+    run: RunRef,
+    s: AgentSettings,
+    user: dict[str, Any],
 ) -> dict[str, Any]:
     return {
         "name": name,
         "image": s.image,
         "imagePullPolicy": s.image_pull_policy,
         "command": list(command),
-        "env": env,
+        "env": [*env, *metrics_env(s.metrics)],
         "volumeMounts": [_mount(run.spec.checkpoint.local_path)],
         "resources": copy.deepcopy(s.resources),
         "terminationMessagePolicy": "FallbackToLogsOnError",
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            "capabilities": {"drop": ["ALL"]},
-        },
+        "securityContext": security_context(user),
     }
 
 
@@ -291,9 +300,11 @@ def build_pod(
     local = spec.checkpoint.local_path
 
     containers = []
+    user: dict[str, Any] = agent_user(pod_spec, None)
     for original in pod_spec.get("containers") or []:
         container = dict(original)
         if container.get("name") == c.TRAINER_CONTAINER:
+            user = agent_user(pod_spec, container)
             env = list(container.get("env") or [])
             container["env"] = _merge_env(env, trainer_env(run, attempt, resume, rank))
             mounts = container.get("volumeMounts") or []
@@ -325,15 +336,20 @@ def build_pod(
             _env(c.ENV_CHECKPOINT_DIR, local),
             _env(c.ENV_RESTORE_STEP, str(resume.step)),
         ]
-        restore = _agent(c.RESTORE_CONTAINER, settings.restore_command, restore_env, run, settings)
+        if spec.checkpoint.size_limit:
+            restore_env.append(_env(c.ENV_SIZE_LIMIT, spec.checkpoint.size_limit))
+        restore = _agent(
+            c.RESTORE_CONTAINER, settings.restore_command, restore_env, run, settings, user
+        )
         init.append(restore)
-    sync = _agent(c.SYNC_CONTAINER, settings.sync_command, sync_env, run, settings)
+    sync = _agent(c.SYNC_CONTAINER, settings.sync_command, sync_env, run, settings, user)
     sync["restartPolicy"] = "Always"  # native sidecar: up before the trainer, down after it
     sync["volumeMounts"].append(
         {"name": c.PODINFO_VOLUME, "mountPath": c.PODINFO_DIR, "readOnly": True}
     )
     init.append(sync)
 
+    empty_dir = {"sizeLimit": spec.checkpoint.size_limit} if spec.checkpoint.size_limit else {}
     ours = (c.CHECKPOINT_VOLUME, c.PODINFO_VOLUME)
     volumes = [v for v in pod_spec.get("volumes") or [] if v.get("name") not in ours]
     labels = {**_users(meta.get("labels")), c.LABEL_RUN: run.name, c.LABEL_ATTEMPT: str(attempt)}
@@ -371,7 +387,7 @@ def build_pod(
             "containers": containers,
             "volumes": [
                 *volumes,
-                {"name": c.CHECKPOINT_VOLUME, "emptyDir": {}},
+                {"name": c.CHECKPOINT_VOLUME, "emptyDir": empty_dir},
                 {
                     "name": c.PODINFO_VOLUME,
                     "downwardAPI": {

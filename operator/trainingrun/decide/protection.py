@@ -26,6 +26,12 @@ from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER, rfc3339
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import container_status, parse_instant
 
+# The start of the sync sidecar's termination message when it gives up after access denied
+# (trainingrun.syncsupport.AccessDeniedWatch): the kubelet restarts it, and its last state keeps
+# the message, which turns the condition False at once rather than at the deadline.
+ACCESS_DENIED_MESSAGE = "checkpoints are not being committed: access denied"
+MAX_SIDECAR_MESSAGE = 512
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -73,6 +79,14 @@ def judge(
         return Verdict(True, R.CHECKPOINT_COMMITTED, message + ", since its trainer started", since)
     if not running:
         return None
+    denied = access_denied(pod)
+    if denied is not None:
+        message = (
+            f"{label}: {denied}; the sync sidecar cannot write to the bucket: check the keys in "
+            "the Secret named by spec.checkpoint.storage.credentialsSecret (or the pods' "
+            "identity) and the bucket policy (docs/storage.md#bucket-permissions)"
+        )
+        return Verdict(False, R.ACCESS_DENIED, message, since)
     deadline = since + timedelta(seconds=limit)
     if now < deadline:
         message = (
@@ -82,6 +96,18 @@ def judge(
         wait = (deadline - now).total_seconds()
         return Verdict(None, R.AWAITING_CHECKPOINT, message, since, recheck_after=wait)
     return Verdict(False, R.UNPROTECTED, unprotected_message(checkpoint, label, pod), since)
+
+
+def access_denied(pod: Mapping[str, Any] | None) -> str | None:
+    """The sync sidecar's message when its last run ended giving up on access denied (cut to
+    ``MAX_SIDECAR_MESSAGE`` characters), None otherwise."""
+    sync = container_status(pod, SYNC_CONTAINER) if pod else None
+    for state in ((sync or {}).get("state"), (sync or {}).get("lastState")):
+        message = str(((state or {}).get("terminated") or {}).get("message") or "").strip()
+        if message.startswith(ACCESS_DENIED_MESSAGE):
+            line = message.splitlines()[0]
+            return line if len(line) <= MAX_SIDECAR_MESSAGE else line[:MAX_SIDECAR_MESSAGE] + "..."
+    return None
 
 
 def unprotected_message(

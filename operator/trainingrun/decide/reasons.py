@@ -36,6 +36,7 @@ CRASH_LOOP = "CrashLoop"
 CHECKPOINT_COMMITTED = "CheckpointCommitted"  # True: committed one since its trainer started
 AWAITING_CHECKPOINT = "AwaitingCheckpoint"  # Unknown: none yet, the deadline has not come
 UNPROTECTED = "Unprotected"  # False: none within spec.checkpoint.unprotectedAfterSeconds
+ACCESS_DENIED = "AccessDenied"  # False: the sync sidecar gave up on access denied
 
 # -- pauses and queues (the Suspended and Admitted conditions, decide.hold) --------------------
 
@@ -52,6 +53,9 @@ WORKLOAD_FAILED = "WorkloadFailed"  # the run's Workload cannot be created or re
 
 INVALID_SPEC = "InvalidSpec"
 MISSING_SECRET = "MissingSecret"  # noqa: S105 - a reason, not a secret
+INSUFFICIENT_DISK = "InsufficientDisk"  # the checkpoint does not fit the checkpoint volume
+STORAGE_NOT_ALLOWED = "StorageNotAllowed"  # the operator's admin does not allow this endpoint/uri
+STORAGE_MISCONFIGURED = "StorageMisconfigured"  # no client can be made of spec.checkpoint.storage
 
 # -- why the operator waits (the Waiting condition and Events, decide.waits) -------------------
 
