@@ -701,86 +701,50 @@ def _faked_resume_annotation() -> RunRef:
     return RunRef(name=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec)
 
 
+# How the restore's exit codes are read when they come from the operator's own restore.
+RESTORE_CODES = {
+    EXIT_CHECKPOINT_BAD: (End.CHECKPOINT_BAD, "CheckpointBad"),
+    EXIT_INSUFFICIENT_DISK: (End.PERMANENT, "InsufficientDisk"),
+}
+
+
+def _restore_ended(where: str, code: int) -> dict[str, Any]:
+    """A pod whose restore container exited with ``code``: the operator's (``ours``, and as
+    the pod cache keeps it), or one of the same name it did not add."""
+    if where == "ours":
+        return pod_from(RESUMED_POD).restore_exited(code).build()
+    if where == "ours-cached":
+        return slim_pod(pod_from(RESUMED_POD).restore_exited(code).build())
+    if where == "no-resume-annotation":
+        return make_pod().restore_exited(code).build()
+    run = (
+        make_run("r1").with_init_container(USER_RESTORE)
+        if where == "user-init-container"
+        else _faked_resume_annotation()
+    )
+    return pod_from(_built(run, None)).init_exited(RESTORE_CONTAINER, code).build()
+
+
+@pytest.mark.parametrize("code", list(RESTORE_CODES), ids=["checkpoint-bad", "out-of-disk"])
 @pytest.mark.parametrize(
-    ("pod", "end", "reason"),
+    "where",
     [
-        pytest.param(
-            pod_from(RESUMED_POD).restore_exited(EXIT_CHECKPOINT_BAD).build(),
-            End.CHECKPOINT_BAD,
-            "CheckpointBad",
-            id="the-operators-restore-is-a-bad-checkpoint",
-        ),
-        pytest.param(
-            slim_pod(pod_from(RESUMED_POD).restore_exited(EXIT_CHECKPOINT_BAD).build()),
-            End.CHECKPOINT_BAD,
-            "CheckpointBad",
-            id="the-operators-restore-as-the-pod-cache-keeps-it",
-        ),
-        pytest.param(
-            pod_from(_built(make_run("r1").with_init_container(USER_RESTORE), None))
-            .init_exited(RESTORE_CONTAINER, EXIT_CHECKPOINT_BAD)
-            .build(),
-            End.FAILED,
-            "InitFailed",
-            id="a-user-init-container-of-the-same-name-is-a-failure",
-        ),
-        pytest.param(
-            pod_from(_built(_faked_resume_annotation(), None))
-            .init_exited(RESTORE_CONTAINER, EXIT_CHECKPOINT_BAD)
-            .build(),
-            End.FAILED,
-            "InitFailed",
-            id="with-a-resume-annotation-faked-in-the-template-too",
-        ),
-        pytest.param(
-            make_pod().restore_exited(EXIT_CHECKPOINT_BAD).build(),
-            End.FAILED,
-            "InitFailed",
-            id="in-a-pod-without-the-operators-resume-annotation",
-        ),
-        pytest.param(
-            pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK).build(),
-            End.PERMANENT,
-            "InsufficientDisk",
-            id="the-operators-restore-out-of-disk",
-        ),
-        pytest.param(
-            slim_pod(pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK).build()),
-            End.PERMANENT,
-            "InsufficientDisk",
-            id="the-operators-restore-out-of-disk-as-the-pod-cache-keeps-it",
-        ),
-        pytest.param(
-            pod_from(_built(make_run("r1").with_init_container(USER_RESTORE), None))
-            .init_exited(RESTORE_CONTAINER, EXIT_INSUFFICIENT_DISK)
-            .build(),
-            End.FAILED,
-            "InitFailed",
-            id="out-of-disk-from-a-user-init-container-of-the-same-name-is-a-failure",
-        ),
-        pytest.param(
-            pod_from(_built(_faked_resume_annotation(), None))
-            .init_exited(RESTORE_CONTAINER, EXIT_INSUFFICIENT_DISK)
-            .build(),
-            End.FAILED,
-            "InitFailed",
-            id="out-of-disk-with-a-resume-annotation-faked-in-the-template",
-        ),
-        pytest.param(
-            make_pod().restore_exited(EXIT_INSUFFICIENT_DISK).build(),
-            End.FAILED,
-            "InitFailed",
-            id="out-of-disk-in-a-pod-without-the-operators-resume-annotation",
-        ),
+        "ours",
+        "ours-cached",
+        "user-init-container",  # a user init container of the same name: a failure
+        "faked-resume-annotation",  # with the resume annotation faked in the template too
+        "no-resume-annotation",  # a pod without the operator's resume annotation
     ],
 )
-def test_only_the_operators_restore_reports_a_bad_checkpoint(
-    pod: dict[str, Any], end: End, reason: str
-) -> None:
+def test_only_the_operators_restore_reports_its_exit_codes(where: str, code: int) -> None:
+    pod = _restore_ended(where, code)
+
     outcome = classify(pod, node=make_node().build(), node_deleted=False, notice_taints=[], now=NOW)
 
-    assert (outcome.end, outcome.reason) == (end, reason), outcome.message
-    if end is End.FAILED:
+    if where.startswith("ours"):
+        assert (outcome.end, outcome.reason) == RESTORE_CODES[code], outcome.message
+    else:
+        assert (outcome.end, outcome.reason) == (End.FAILED, "InitFailed"), outcome.message
         assert RESTORE_CONTAINER in outcome.message
 
 
