@@ -315,13 +315,13 @@ class Reconciler:
     ) -> float | None:
         """No client of the run's storage: a settings error fails the run; a missing Secret is
         waited for, for ``secret_wait_seconds``, then fails it."""
-        generation, message = int(run["metadata"].get("generation") or 0), str(e)
-        held = secret_wait(status, generation, message, now, self.settings.secret_wait_seconds)
-        if held is None or isinstance(e, StorageMisconfigured):
-            why = (
-                R.STORAGE_MISCONFIGURED if isinstance(e, StorageMisconfigured) else R.MISSING_SECRET
-            )
-            self.writer.fail(run, status, why, message, now)
+        if isinstance(e, StorageMisconfigured):
+            self.writer.fail(run, status, R.STORAGE_MISCONFIGURED, str(e), now)
+            return None
+        generation = int(run["metadata"].get("generation") or 0)
+        held = secret_wait(status, generation, str(e), now, self.settings.secret_wait_seconds)
+        if held is None:
+            self.writer.fail(run, status, R.MISSING_SECRET, str(e), now)
             return None
         return self.writer.wait(run, status, held)
 

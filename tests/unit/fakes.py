@@ -63,6 +63,19 @@ def _merge(target: dict[str, Any], patch: dict[str, Any]) -> None:
             target[key] = copy.deepcopy(value)
 
 
+class NoApi:
+    """An API server that has nothing: the cache's read-through finds no object."""
+
+    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
+        return None
+
+    def get_node(self, name: str) -> dict[str, Any] | None:
+        return None
+
+
 @dataclass
 class FakeKube:
     """A DELETE removes a pod at once (its kubelet is quick), unless a finalizer holds it

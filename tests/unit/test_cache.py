@@ -10,19 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 from tests.unit.builders import NAMESPACE, make_pod
+from tests.unit.fakes import NoApi
 from trainingrun.cache import ClusterView, slim_pod
 from trainingrun.contract import LABEL_ATTEMPT, LABEL_RUN
-
-
-class NoApi:
-    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def get_node(self, name: str) -> dict[str, Any] | None:
-        return None
 
 
 def pod(name: str, run: str | None, rv: int = 1, namespace: str = NAMESPACE) -> dict[str, Any]:

@@ -14,22 +14,12 @@ from typing import Any
 import pytest
 
 from tests.unit.builders import NAMESPACE, make_node, make_pod
+from tests.unit.fakes import NoApi
 from trainingrun.cache import ClusterView
 from trainingrun.contract import ANNOTATION_NOTICE, LABEL_ATTEMPT, LABEL_RUN
 from trainingrun.notices import Notices
 
 NOTICE = "karpenter.sh/disrupted"
-
-
-class NoApi:
-    def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        return None
-
-    def get_node(self, name: str) -> dict[str, Any] | None:
-        return None
 
 
 class Annotations:

@@ -14,11 +14,11 @@
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
 
 The restore's exit codes (checkpoint-bad, insufficient-disk) count only from the restore the
-operator added: the init container
-``RESTORE_CONTAINER`` of a pod that carries the operator's resume annotation. ``build_pod`` sets
-that annotation exactly when it adds its restore and drops every ``trainingrun.dev/*`` key of the
-template, so a template cannot fake it, and a user container of the same name cannot sit beside
-the operator's (the API server refuses two containers of one name). A user container of that
+operator added: the init container ``RESTORE_CONTAINER`` of a pod that carries the operator's
+resume annotation. ``build_pod`` sets that annotation exactly when it adds its restore and
+drops every ``trainingrun.dev/*`` key of the template, so a template cannot fake it, and a user
+container of the same name cannot sit beside the operator's (the API server refuses two
+containers of one name). A user container of that
 name in a pod that resumes from nothing (a template made before names were reserved) exiting
 with that code is a plain failure. (The containers' spec cannot tell: the reconciler's pod cache
 keeps none of it.)

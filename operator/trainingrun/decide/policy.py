@@ -99,12 +99,13 @@ def decide(
         return Decision(Action.FAIL, counters, outcome.reason, outcome.message)
     if outcome.end is End.PAUSED:
         return Decision(Action.RESUBMIT, counters, R.PAUSED, outcome.message)
+    moved = progressed(counters, resume_step, latest_step)
     if outcome.end is End.CHECKPOINT_BAD:
-        return _checkpoint_bad(outcome, counters, policy, resume_step, latest_step)
+        return _checkpoint_bad(outcome, counters, policy, resume_step, moved)
     if outcome.end is End.PREEMPTED:
-        return _preempted(outcome, counters, policy, resume_step, latest_step)
+        return _preempted(outcome, counters, policy, moved)
     if outcome.end is End.FAILED:
-        return _failed(outcome, counters, policy, resume_step, latest_step)
+        return _failed(outcome, counters, policy, moved)
     raise ValueError(f"decide() needs an ended attempt, got {outcome.end}")
 
 
@@ -113,7 +114,7 @@ def _checkpoint_bad(
     counters: Counters,
     policy: RestartPolicySpec,
     resume_step: int | None,
-    latest_step: int | None,
+    moved: bool,
 ) -> Decision:
     """The restore refused the checkpoint: record it as bad and resume from the one before,
     spending no budget; a bad checkpoint is no progress, so one after other endings without
@@ -125,7 +126,7 @@ def _checkpoint_bad(
             "the restore reported a bad checkpoint, but the attempt resumed from none; "
             f"counted as a failure: {outcome.message}",
         )
-        return _failed(failure, counters, policy, resume_step, latest_step)
+        return _failed(failure, counters, policy, moved)
     bad = counters.bad_checkpoints
     if resume_step not in bad:
         bad = (*bad, resume_step)
@@ -140,17 +141,13 @@ def _checkpoint_bad(
 
 
 def _preempted(
-    outcome: Outcome,
-    counters: Counters,
-    policy: RestartPolicySpec,
-    resume_step: int | None,
-    latest_step: int | None,
+    outcome: Outcome, counters: Counters, policy: RestartPolicySpec, moved: bool
 ) -> Decision:
     """A preemption spends ``maxPreemptions`` (unlimited by default), never the restarts. The
     next attempt starts at once after progress or the first time in a row without, else after
     the backoff."""
     preemptions = counters.preemptions + 1
-    stalled = 0 if progressed(counters, resume_step, latest_step) else counters.stalled + 1
+    stalled = 0 if moved else counters.stalled + 1
     new = replace(counters, preemptions=preemptions, stalled=stalled)
     limit = policy.max_preemptions
     if limit is not None and preemptions > limit:
@@ -170,16 +167,11 @@ def _preempted(
 
 
 def _failed(
-    outcome: Outcome,
-    counters: Counters,
-    policy: RestartPolicySpec,
-    resume_step: int | None,
-    latest_step: int | None,
+    outcome: Outcome, counters: Counters, policy: RestartPolicySpec, moved: bool
 ) -> Decision:
     """A failure spends ``maxRestarts``; without progress it continues the crash-loop streak
     (and the stalled one), and the next attempt waits out the backoff of the longer one."""
     restarts = counters.restarts + 1
-    moved = progressed(counters, resume_step, latest_step)
     streak = 0 if moved else counters.consecutive_failures + 1
     stalled = 0 if moved else counters.stalled + 1
     new = replace(counters, restarts=restarts, consecutive_failures=streak, stalled=stalled)

@@ -24,7 +24,7 @@ from typing import Any
 from trainingrun.api import CheckpointRef, CheckpointSpec
 from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER, rfc3339
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import container_status, parse_instant
+from trainingrun.decide.classify import bounded, container_status, parse_instant
 
 # The start of the sync sidecar's termination message when it gives up after access denied
 # (trainingrun.syncsupport.AccessDeniedWatch): the kubelet restarts it, and its last state keeps
@@ -105,8 +105,7 @@ def access_denied(pod: Mapping[str, Any] | None) -> str | None:
     for state in ((sync or {}).get("state"), (sync or {}).get("lastState")):
         message = str(((state or {}).get("terminated") or {}).get("message") or "").strip()
         if message.startswith(ACCESS_DENIED_MESSAGE):
-            line = message.splitlines()[0]
-            return line if len(line) <= MAX_SIDECAR_MESSAGE else line[:MAX_SIDECAR_MESSAGE] + "..."
+            return bounded(message.splitlines()[0], MAX_SIDECAR_MESSAGE)
     return None
 
 
