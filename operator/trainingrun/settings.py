@@ -15,6 +15,8 @@ the first event. The chart sets these variables from its values (charts/training
 - TRAININGRUN_WORKERS (8): passes of different runs that run in parallel.
 - TRAININGRUN_AGENT_METRICS (loopback): where the sync sidecar serves metrics: loopback, pod
   (its pod IP, to be scraped) or off.
+- TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS (300): how long the sync sidecar goes on through
+  nothing but access denied before it exits for the kubelet to restart it with fresh keys.
 - TRAININGRUN_ALLOWED_ENDPOINTS (none: any): the storage endpoints runs may name, comma-separated
   URLs (scheme, host and optional port); "aws" allows AWS S3 itself (no endpoint). Set, any other
   endpoint fails the run with StorageNotAllowed.
@@ -97,6 +99,15 @@ class OperatorSettings:
             image=env.get("TRAININGRUN_AGENT_IMAGE") or AgentSettings.image,
             image_pull_policy=policy,
             metrics=metrics,
+            access_denied_seconds=int(
+                _number(
+                    env,
+                    "TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS",
+                    AgentSettings.access_denied_seconds,
+                    minimum=1,
+                    whole=True,
+                )
+            ),
         )
         resources = _resources(env, "TRAININGRUN_AGENT_RESOURCES")
         if resources is not None:

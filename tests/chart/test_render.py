@@ -178,9 +178,9 @@ def test_env_follows_values(helm: Path) -> None:
     assert env["POD_ID"] == {"fieldRef": {"fieldPath": "metadata.name"}}
 
 
-def test_storage_allowlists_and_agent_metrics_reach_the_operator(helm: Path) -> None:
+def test_storage_allowlists_and_agent_settings_reach_the_operator(helm: Path) -> None:
     values = {
-        "agent": {"metrics": "pod"},
+        "agent": {"metrics": "pod", "accessDeniedSeconds": 45},
         "storage": {
             "allowedEndpoints": ["http://minio.minio:9000", "aws"],
             "allowedUris": ["s3://ckpt/tenants/{namespace}"],
@@ -192,6 +192,7 @@ def test_storage_allowlists_and_agent_metrics_reach_the_operator(helm: Path) -> 
     assert settings.allowed_endpoints == ("http://minio.minio:9000", "aws")
     assert settings.allowed_uris == ("s3://ckpt/tenants/{namespace}",)
     assert settings.agent.metrics == "pod"
+    assert settings.agent.access_denied_seconds == 45
 
 
 def test_env_defaults_match_the_operator_defaults(helm: Path) -> None:
@@ -208,6 +209,7 @@ def test_env_defaults_match_the_operator_defaults(helm: Path) -> None:
     defaults = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})
     assert (defaults.allowed_endpoints, defaults.allowed_uris) == ((), ())
     assert defaults.agent.metrics == AgentSettings.metrics
+    assert defaults.agent.access_denied_seconds == AgentSettings.access_denied_seconds
 
 
 def test_digest_wins_over_tag(helm: Path) -> None:

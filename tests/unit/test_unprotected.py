@@ -404,10 +404,16 @@ def test_warns_unprotected_is_true_for_the_pass_that_warns(
 # -- the sync sidecar gave up on access denied ------------------------------------------------
 
 
-def _sidecar_gave_up(pod: dict[str, Any], message: str, where: str = "lastState") -> None:
-    """The sync sidecar's status after it exited with ``message`` and was restarted."""
+def _sidecar_gave_up(
+    pod: dict[str, Any], message: str, where: str = "lastState", at: float | None = None
+) -> None:
+    """The sync sidecar's status after it exited with ``message`` (``at`` seconds after T0, when
+    given) and was restarted."""
     sync = next(s for s in pod["status"]["initContainerStatuses"] if s["name"] == SYNC_CONTAINER)
-    sync[where] = {"terminated": {"exitCode": 1, "reason": "Error", "message": message}}
+    ended: dict[str, Any] = {"exitCode": 1, "reason": "Error", "message": message}
+    if at is not None:
+        ended["finishedAt"] = rfc3339(T0 + timedelta(seconds=at))
+    sync[where] = {"terminated": ended}
 
 
 DENIED = f"{ACCESS_DENIED_MESSAGE} for 300 s (s3://b/ml/r1/manifest.json: access denied)"
@@ -431,16 +437,28 @@ def test_a_sidecar_that_gave_up_on_access_denied_warns_at_once(elapsed: int) -> 
     assert again.events == [] and _protected(again.status) == cond
 
 
-def test_a_commit_after_the_trainer_started_outweighs_an_old_access_denied() -> None:
+@pytest.mark.parametrize(
+    ("gave_up_at", "expected"),
+    [
+        (20, R.CHECKPOINT_COMMITTED),  # restarted with keys that work, then committed at 30
+        (40, R.ACCESS_DENIED),  # committed at 30, then the keys were revoked
+        (30, R.ACCESS_DENIED),  # the same second: the newer news is the denial
+        (None, R.ACCESS_DENIED),  # no finishedAt: nothing shows a commit came after
+    ],
+    ids=["commit-after", "denied-after", "same-second", "no-time"],
+)
+def test_access_denied_counts_only_when_no_commit_came_after_it(
+    gave_up_at: float | None, expected: str
+) -> None:
     run = _run()
     status, pod = _launched(run)
     pod = _trainer_since(pod)
-    _sidecar_gave_up(pod, DENIED)
+    _sidecar_gave_up(pod, DENIED, at=gave_up_at)
 
     p = _pass(run, status, pod, 60, latest=_commit(10, 30))
 
     cond = _protected(p.status)
-    assert cond is not None and cond.reason == R.CHECKPOINT_COMMITTED
+    assert cond is not None and cond.reason == expected
 
 
 @pytest.mark.parametrize(

@@ -43,6 +43,9 @@ class AgentSettings:
     # Where the sync sidecar serves its metrics: loopback (127.0.0.1, the default), pod (the
     # pod's IP, for a PodMonitor to scrape), or off.
     metrics: str = "loopback"
+    # How long the sync sidecar goes on through nothing but access denied (credentials rotated
+    # or revoked) before it exits, so the kubelet restarts it with the Secret's current keys.
+    access_denied_seconds: int = 300
     resources: dict[str, Any] = field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -320,6 +323,7 @@ def build_pod(
         _env(c.ENV_ATTEMPT, str(attempt)),
         _env(c.ENV_EPOCH, str(epoch)),
         _env(c.ENV_PODINFO_DIR, c.PODINFO_DIR),
+        _env(c.ENV_ACCESS_DENIED_SECONDS, str(settings.access_denied_seconds)),
         # The sidecar is stopped after the trainer, within the same grace period.
         _env(
             c.ENV_DRAIN_SECONDS,

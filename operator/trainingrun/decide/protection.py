@@ -74,16 +74,22 @@ def judge(
     if not limit or since is None:
         return None
     committed = parse_instant(latest.time) if latest else None
-    if latest is not None and committed is not None and committed >= since:
+    denied = access_denied(pod) if running else None
+    fresh = latest is not None and committed is not None and committed >= since
+    if (
+        latest is not None
+        and committed is not None
+        and fresh
+        and not denied_since(denied, committed)
+    ):
         message = f"{label}: checkpoint {latest.step} committed at {latest.time}"
         return Verdict(True, R.CHECKPOINT_COMMITTED, message + ", since its trainer started", since)
     if not running:
         return None
-    denied = access_denied(pod)
     if denied is not None:
         message = (
-            f"{label}: {denied}; the sync sidecar cannot write to the bucket: check the keys in "
-            "the Secret named by spec.checkpoint.storage.credentialsSecret (or the pods' "
+            f"{label}: {denied.message}; the sync sidecar cannot write to the bucket: check the "
+            "keys in the Secret named by spec.checkpoint.storage.credentialsSecret (or the pods' "
             "identity) and the bucket policy (docs/storage.md#bucket-permissions)"
         )
         return Verdict(False, R.ACCESS_DENIED, message, since)
@@ -98,15 +104,35 @@ def judge(
     return Verdict(False, R.UNPROTECTED, unprotected_message(checkpoint, label, pod), since)
 
 
-def access_denied(pod: Mapping[str, Any] | None) -> str | None:
-    """The sync sidecar's message when its last run ended giving up on access denied (cut to
-    ``MAX_SIDECAR_MESSAGE`` characters), None otherwise."""
+@dataclass(frozen=True)
+class Denied:
+    """The sync sidecar gave up on access denied: its message, and when it exited (None when
+    its status does not say)."""
+
+    message: str
+    at: datetime | None
+
+
+def access_denied(pod: Mapping[str, Any] | None) -> Denied | None:
+    """The sync sidecar's message (cut to ``MAX_SIDECAR_MESSAGE`` characters) when its last
+    run ended giving up on access denied, None otherwise."""
     sync = container_status(pod, SYNC_CONTAINER) if pod else None
     for state in ((sync or {}).get("state"), (sync or {}).get("lastState")):
-        message = str(((state or {}).get("terminated") or {}).get("message") or "").strip()
+        ended = (state or {}).get("terminated") or {}
+        message = str(ended.get("message") or "").strip()
         if message.startswith(ACCESS_DENIED_MESSAGE):
-            return bounded(message.splitlines()[0], MAX_SIDECAR_MESSAGE)
+            first = bounded(message.splitlines()[0], MAX_SIDECAR_MESSAGE)
+            return Denied(first, parse_instant(ended.get("finishedAt")))
     return None
+
+
+def denied_since(denied: Denied | None, committed: datetime) -> bool:
+    """Whether the sidecar gave up on access denied after the newest commit: a commit after it
+    (the sidecar restarted with keys that work) means it is protected again. Both times come
+    from the pod's node."""
+    if denied is None:
+        return False
+    return denied.at is None or denied.at >= committed
 
 
 def unprotected_message(
