@@ -22,7 +22,7 @@ from kubernetes.client.rest import ApiException
 
 from tests import kueue as kueue_mod
 from tests import localenv as localenv_mod
-from tests.integration.support import OperatorProcess, Runs, credentials_secret, wait_for
+from tests.integration.support import OperatorProcess, Runs, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -72,21 +72,27 @@ def namespace(core_v1: Any) -> Iterator[str]:
     core_v1.delete_namespace(name)
 
 
+def create_kwok_node(core_v1: Any, labels: dict[str, str] | None = None) -> str:
+    """A node that the kwok controller keeps Ready; returns its name."""
+    name = f"kwok-{uuid.uuid4().hex[:8]}"
+    node = client.V1Node(
+        metadata=client.V1ObjectMeta(
+            name=name,
+            annotations={localenv_mod.KWOK_NODE_ANNOTATION: "fake"},
+            labels={"type": "kwok", "kubernetes.io/hostname": name, **(labels or {})},
+        )
+    )
+    core_v1.create_node(node)
+    return name
+
+
 @pytest.fixture
 def kwok_node(core_v1: Any) -> Iterator[Callable[..., str]]:
     """Factory for nodes that the kwok controller keeps Ready; all are deleted afterwards."""
     created: list[str] = []
 
     def make(labels: dict[str, str] | None = None) -> str:
-        name = f"kwok-{uuid.uuid4().hex[:8]}"
-        node = client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=name,
-                annotations={localenv_mod.KWOK_NODE_ANNOTATION: "fake"},
-                labels={"type": "kwok", "kubernetes.io/hostname": name, **(labels or {})},
-            )
-        )
-        core_v1.create_node(node)
+        name = create_kwok_node(core_v1, labels)
         created.append(name)
         return name
 
@@ -187,9 +193,8 @@ def kueue(localenv: localenv_mod.LocalEnv) -> Iterator[kueue_mod.Kueue]:
 
 
 @pytest.fixture
-def runs(api_client: Any, namespace: str, localenv: localenv_mod.LocalEnv, core_v1: Any) -> Runs:
-    core_v1.create_namespaced_secret(namespace, credentials_secret(localenv))
-    return Runs(api_client, namespace)
+def runs(api_client: Any, namespace: str, localenv: localenv_mod.LocalEnv) -> Runs:
+    return Runs.with_credentials(api_client, namespace, localenv)
 
 
 @pytest.fixture

@@ -14,6 +14,7 @@ each with the outcome a user should see.
 
 from __future__ import annotations
 
+import base64
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,19 +22,18 @@ from typing import Any
 
 from kubernetes import client
 
-from tests.e2e.example import on_nodes
 from tests.e2e.tenancy import (
     MISSING_BUCKET,
     Blackhole,
     base_uri,
+    on_runner,
     run_key,
-    secret,
     tenant_run,
 )
 from tests.integration.support import Runs, commit_checkpoint
 from tests.localenv import LocalEnv
 from trainingrun import api
-from trainingrun.contract import CHECKPOINT_VOLUME, TRAINER_CONTAINER
+from trainingrun.contract import CHECKPOINT_VOLUME
 from trainingrun.manifest import RUN_MANIFEST, RUN_MANIFEST_MAX_BYTES
 
 
@@ -113,16 +113,10 @@ class Tenant:
         return tenant_run(name, self.env, self.runs.namespace, **kwargs)
 
     def on_runner(self, body: dict[str, Any], script: str) -> dict[str, Any]:
-        body["spec"]["template"]["spec"] = {
-            **on_nodes([self.node]),
-            "containers": [
-                {"name": TRAINER_CONTAINER, "image": "t:1", "command": ["python", "-c", script]}
-            ],
-        }
-        return body
+        return on_runner(body, self.node, script)
 
     def key(self, name: str) -> str:
-        return run_key(self.env, self.runs.namespace, name)
+        return run_key(self.runs.namespace, name)
 
     def put_manifest(self, name: str, data: bytes) -> None:
         self.s3.put_object(
@@ -250,6 +244,12 @@ def _storage(**fields: Any) -> Callable[[Tenant, str], None]:
                 storage[key] = value(t) if callable(value) else value
 
     return _create(shape)
+
+
+def secret(name: str, data: dict[str, bytes]) -> client.V1Secret:
+    """A Secret of raw bytes (``data``, not ``stringData``: they need not be text)."""
+    encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
+    return client.V1Secret(metadata=client.V1ObjectMeta(name=name), data=encoded)
 
 
 def _with_secret(data: dict[str, bytes]) -> Callable[[Tenant, str], None]:

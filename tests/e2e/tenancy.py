@@ -4,17 +4,17 @@ a namespace of its own whose preemptions are timed while the other tenants misbe
 
 from __future__ import annotations
 
-import base64
 import socket
 import time
-import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client
 
-from tests.integration.support import Runs, commit_checkpoint, credentials_secret, trainingrun
+from tests.e2e.example import on_nodes
+from tests.integration.support import Runs, commit_checkpoint, trainingrun
 from tests.localenv import LocalEnv
+from trainingrun.contract import TRAINER_CONTAINER
 
 MISSING_BUCKET = "trainingrun-no-such-bucket"  # allowed by the admin, never created
 # Seconds of nothing but access denied before the tests' sync sidecars exit (300 by default).
@@ -63,7 +63,7 @@ def tenant_run(name: str, env: LocalEnv, namespace: str, **kwargs: Any) -> dict[
     return body
 
 
-def run_key(env: LocalEnv, namespace: str, name: str) -> str:
+def run_key(namespace: str, name: str) -> str:
     """Where a ``tenant_run``'s checkpoints live in the bucket."""
     return f"tenants/{namespace}/{namespace}/{name}"
 
@@ -83,7 +83,6 @@ class Witness:
     seconds: list[float] = field(default_factory=list)
 
     def start(self, node: str) -> None:
-        self.runs.core.create_namespaced_secret(self.runs.namespace, credentials_secret(self.env))
         self.runs.create(tenant_run(self.name, self.env, self.runs.namespace, node=node))
         self.wait_running()
 
@@ -92,7 +91,7 @@ class Witness:
 
     def preempt(self) -> float:
         self.step += 1
-        key = run_key(self.env, self.runs.namespace, self.name)
+        key = run_key(self.runs.namespace, self.name)
         commit_checkpoint(self.s3, self.env.bucket, key, self.step, {"w.bin": b"x" * 64})
         self.runs.wait_status(
             self.name,
@@ -107,6 +106,7 @@ class Witness:
         self.attempt += 1
         nxt = f"{self.name}-{self.attempt}"
         deadline = started + 120
+        # Polled every 0.1 s, finer than wait_for: the seconds it takes are the figure.
         while self.runs.pod(nxt) is None:
             assert time.monotonic() < deadline, f"the witness's {nxt} not created in 120 s"
             time.sleep(0.1)
@@ -116,10 +116,9 @@ class Witness:
         return took
 
 
-def namespace_name(prefix: str) -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:8]}"
-
-
-def secret(name: str, data: dict[str, bytes]) -> client.V1Secret:
-    encoded = {k: base64.b64encode(v).decode() for k, v in data.items()}
-    return client.V1Secret(metadata=client.V1ObjectMeta(name=name), data=encoded)
+def on_runner(body: dict[str, Any], node: str, script: str) -> dict[str, Any]:
+    """``body`` with a pod template whose trainer runs the Python ``script`` on the pod runner
+    ``node``."""
+    trainer = {"name": TRAINER_CONTAINER, "image": "t:1", "command": ["python", "-c", script]}
+    body["spec"]["template"]["spec"] = {**on_nodes([node]), "containers": [trainer]}
+    return body

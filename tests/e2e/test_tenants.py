@@ -27,23 +27,22 @@ import json
 import os
 import signal
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from tests.conftest import paused_session_operators
-from tests.e2e.example import on_nodes
+from tests.conftest import create_kwok_node, paused_session_operators
 from tests.e2e.hostile import HOSTILE, REFUSED, Tenant
 from tests.e2e.tenancy import (
     ACCESS_DENIED_SECONDS,
     MISSING_BUCKET,
     Blackhole,
     Witness,
-    namespace_name,
+    on_runner,
     operator_env,
-    secret,
     tenant_run,
 )
 from tests.integration.support import (
@@ -55,7 +54,6 @@ from tests.integration.support import (
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle, start_runner
 from trainingrun import api
-from trainingrun.contract import TRAINER_CONTAINER
 
 # Seconds from the witness's eviction to its next attempt's pod, at most, while the tenants
 # misbehave; unhindered it takes one pass (0.1 s here).
@@ -136,7 +134,7 @@ def module_namespaces(core_v1: Any) -> Iterator[Callable[[str], str]]:
     made: list[str] = []
 
     def make(prefix: str) -> str:
-        name = namespace_name(prefix)
+        name = f"{prefix}-{uuid.uuid4().hex[:8]}"
         core_v1.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=name)))
         made.append(name)
         return name
@@ -155,26 +153,12 @@ def witness(
     core_v1: Any,
     module_namespaces: Callable[[str], str],
 ) -> Iterator[Witness]:
-    node = f"kwok-witness-{namespace_name('n')}"
-    core_v1.create_node(
-        client.V1Node(
-            metadata=client.V1ObjectMeta(
-                name=node,
-                annotations={"kwok.x-k8s.io/node": "fake"},
-                labels={"type": "kwok", "kubernetes.io/hostname": node},
-            )
-        )
-    )
-    w = Witness(Runs(api_client, module_namespaces("witness")), localenv, s3)
+    node = create_kwok_node(core_v1)
+    runs = Runs.with_credentials(api_client, module_namespaces("witness"), localenv)
+    w = Witness(runs, localenv, s3)
     w.start(node)
     yield w
     core_v1.delete_node(node)
-
-
-def tenant(api_client: Any, namespace: str, env: LocalEnv) -> Runs:
-    runs = Runs(api_client, namespace)
-    runs.core.create_namespaced_secret(namespace, credentials_secret(env))
-    return runs
 
 
 # -- the planted secret --------------------------------------------------------------------------
@@ -189,25 +173,10 @@ def test_a_planted_secret_shows_in_no_log_event_status_or_pod(
 ) -> None:
     access_key, secret_key = localenv.identity("planted")
     runs = Runs(api_client, module_namespaces("planted"))
-    runs.core.create_namespaced_secret(
-        runs.namespace,
-        secret(
-            "planted",
-            {
-                "AWS_ACCESS_KEY_ID": access_key.encode(),
-                "AWS_SECRET_ACCESS_KEY": secret_key.encode(),
-            },
-        ),
-    )
+    planted = credentials_secret(localenv, "planted", identity="planted")
+    runs.core.create_namespaced_secret(runs.namespace, planted)
     body = tenant_run("planted", localenv, runs.namespace, secret="planted")
-    body["spec"]["template"]["spec"] = {
-        **on_nodes([runner.node]),
-        "containers": [
-            {"name": TRAINER_CONTAINER, "image": "example.invalid/t:1", "command": ["python"]}
-        ],
-    }
-    body["spec"]["template"]["spec"]["containers"][0]["args"] = ["-c", TRAINER]
-    runs.create(body)
+    runs.create(on_runner(body, runner.node, TRAINER))
     pods: dict[str, dict[str, Any]] = {}
 
     def keep(attempt: int) -> None:
@@ -270,27 +239,13 @@ def test_revoked_credentials_turn_protected_false_and_a_fixed_secret_commits_aga
     api_client: Any,
     module_namespaces: Callable[[str], str],
 ) -> None:
-    runs = tenant(api_client, module_namespaces("revoked"), localenv)
-    body = tenant_run("revoked", localenv, runs.namespace)
-    body["spec"]["template"]["spec"] = {
-        **on_nodes([runner.node]),
-        "containers": [
-            {
-                "name": TRAINER_CONTAINER,
-                "image": "example.invalid/t:1",
-                "command": ["python", "-c", SAVER],
-            }
-        ],
-    }
-    runs.create(body)
+    runs = Runs.with_credentials(api_client, module_namespaces("revoked"), localenv)
+    runs.create(on_runner(tenant_run("revoked", localenv, runs.namespace), runner.node, SAVER))
     runs.wait_status("revoked", lambda s: s.get("latestCheckpoint"), 60, "a checkpoint committed")
     # Rotated to a key that may read but not write; the sidecar restarts (as after a crash)
     # and reads it. The kubelet resolves a Secret's env at each start; so does the runner.
-    readonly_key, readonly_secret = localenv.identity("readonly")
-    patch = {
-        "stringData": {"AWS_ACCESS_KEY_ID": readonly_key, "AWS_SECRET_ACCESS_KEY": readonly_secret}
-    }
-    runs.core.patch_namespaced_secret("s3creds", runs.namespace, patch)
+    readonly = credentials_secret(localenv, identity="readonly")
+    runs.core.patch_namespaced_secret("s3creds", runs.namespace, readonly)
     sync_pid = runner.wait_pid(runs.namespace, "revoked-1", "trainingrun-sync")
     os.kill(sync_pid, signal.SIGKILL)
     denied_at = time.monotonic()
@@ -307,20 +262,11 @@ def test_revoked_credentials_turn_protected_false_and_a_fixed_secret_commits_aga
     print(f"\nrevoked: Protected False (AccessDenied) {time.monotonic() - denied_at:.1f} s after")
     assert cond["status"] == "False"
     assert "checkpoints are not being committed: access denied" in cond["message"]
-    assert readonly_secret not in cond["message"]
+    assert readonly.string_data["AWS_SECRET_ACCESS_KEY"] not in cond["message"]
     assert runs.status("revoked")["phase"] == "Running"
     stuck = runs.status("revoked")["latestCheckpoint"]["step"]
 
-    runs.core.patch_namespaced_secret(
-        "s3creds",
-        runs.namespace,
-        {
-            "stringData": {
-                "AWS_ACCESS_KEY_ID": localenv.s3_access_key,
-                "AWS_SECRET_ACCESS_KEY": localenv.s3_secret_key,
-            }
-        },
-    )
+    runs.core.patch_namespaced_secret("s3creds", runs.namespace, credentials_secret(localenv))
     runs.wait_status(
         "revoked",
         lambda s: (
@@ -348,7 +294,7 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
 ) -> None:
     usual = witness.preempt()
     t = Tenant(
-        tenant(api_client, module_namespaces("hostile"), localenv),
+        Runs.with_credentials(api_client, module_namespaces("hostile"), localenv),
         localenv,
         s3,
         runner.node,
@@ -357,7 +303,7 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
     report: list[str] = []
 
     for case in REFUSED:
-        body = t.run(case.name.replace("_", "-"))
+        body = t.run(case.name)
         case.change(body)
         try:
             t.runs.custom.create_namespaced_custom_object(
@@ -369,10 +315,10 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
                 field_validation="Strict",
             )
         except client.ApiException as e:
-            outcome = f"{e.status} {case.says in (e.body or '')}"
-            if e.status not in (400, 422) or case.says not in (e.body or ""):
+            said = case.says in (e.body or "")
+            if e.status not in (400, 422) or not said:
                 report.append(f"{case.name}: {e.status} {e.body}")
-            print(f"refused {case.name}: {outcome}")
+            print(f"refused {case.name}: {e.status} {said}")
         else:
             report.append(f"{case.name}: accepted")
 

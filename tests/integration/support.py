@@ -114,15 +114,16 @@ class OperatorProcess:
         return samples
 
 
-def credentials_secret(env: LocalEnv, name: str = "s3creds") -> client.V1Secret:
-    """A Secret with the environment's S3 keys, as ``credentialsSecret`` expects them. Created
-    through the API, never as kubectl arguments, so the key never shows in a process list."""
+def credentials_secret(
+    env: LocalEnv, name: str = "s3creds", identity: str | None = None
+) -> client.V1Secret:
+    """A Secret with the environment's S3 keys (or those of one of its other ``identity``), as
+    ``credentialsSecret`` expects them. Created through the API, never as kubectl arguments, so
+    the key never shows in a process list."""
+    key, secret = env.identity(identity) if identity else (env.s3_access_key, env.s3_secret_key)
     return client.V1Secret(
         metadata=client.V1ObjectMeta(name=name),
-        string_data={
-            "AWS_ACCESS_KEY_ID": env.s3_access_key,
-            "AWS_SECRET_ACCESS_KEY": env.s3_secret_key,
-        },
+        string_data={"AWS_ACCESS_KEY_ID": key, "AWS_SECRET_ACCESS_KEY": secret},
     )
 
 
@@ -173,6 +174,13 @@ class Runs:
         self.custom = client.CustomObjectsApi(api_client)
         self.core = client.CoreV1Api(api_client)
         self.namespace = namespace
+
+    @classmethod
+    def with_credentials(cls, api_client: Any, namespace: str, env: LocalEnv) -> Runs:
+        """The namespace's runs, with the Secret ``s3creds`` of the environment's keys."""
+        runs = cls(api_client, namespace)
+        runs.core.create_namespaced_secret(namespace, credentials_secret(env))
+        return runs
 
     def create(self, body: dict[str, Any]) -> None:
         self.custom.create_namespaced_custom_object(

@@ -125,6 +125,13 @@ def deleting(pod: dict[str, Any]) -> dict[str, Any]:
     return pod
 
 
+# How the restore's exit codes are read when they come from the operator's own restore.
+RESTORE_CODES = {
+    EXIT_CHECKPOINT_BAD: (End.CHECKPOINT_BAD, "CheckpointBad"),
+    EXIT_INSUFFICIENT_DISK: (End.PERMANENT, "InsufficientDisk"),
+}
+
+
 CASES = [
     # -- Succeeded --------------------------------------------------------------------------
     pytest.param(
@@ -515,55 +522,45 @@ CASES = [
         ),
         id="notice-annotation-alone-is-not-an-end",
     ),
-    # -- CheckpointBad ----------------------------------------------------------------------
-    pytest.param(
-        Case(
-            pod_from(RESUMED_POD)
-            .restore_exited(EXIT_CHECKPOINT_BAD, message="model.safetensors: checksum mismatch\n")
-            .build(),
-            End.CHECKPOINT_BAD,
-            "CheckpointBad",
-            ready_node,
-            message_has="model.safetensors: checksum mismatch",
-        ),
-        id="restore-exit-3-is-a-bad-checkpoint",
-    ),
-    pytest.param(
-        Case(
-            pod_from(RESUMED_POD).restore_exited(EXIT_CHECKPOINT_BAD).build(),
-            End.CHECKPOINT_BAD,
-            "CheckpointBad",
-            ready_node,
-            message_has="corrupt",
-        ),
-        id="restore-exit-3-without-message-is-a-bad-checkpoint",
-    ),
-    # -- InsufficientDisk -------------------------------------------------------------------
-    pytest.param(
-        Case(
-            pod_from(RESUMED_POD)
-            .restore_exited(
+    # -- CheckpointBad, InsufficientDisk: the restore's own exit codes, with its termination
+    # message, or without one (the ending says what the code means) --------------------------
+    *[
+        pytest.param(
+            Case(
+                pod_from(RESUMED_POD).restore_exited(code, message=message or None).build(),
+                *RESTORE_CODES[code],
+                ready_node,
+                message_has=message.strip() or says,
+            ),
+            id=case_id,
+        )
+        for code, message, says, case_id in [
+            (
+                EXIT_CHECKPOINT_BAD,
+                "model.safetensors: checksum mismatch\n",
+                "",
+                "restore-exit-3-is-a-bad-checkpoint",
+            ),
+            (
+                EXIT_CHECKPOINT_BAD,
+                "",
+                "corrupt",
+                "restore-exit-3-without-message-is-a-bad-checkpoint",
+            ),
+            (
                 EXIT_INSUFFICIENT_DISK,
-                message="checkpoint-120 needs 2000 bytes but only 1000 bytes are free\n",
-            )
-            .build(),
-            End.PERMANENT,
-            "InsufficientDisk",
-            ready_node,
-            message_has="checkpoint-120 needs 2000 bytes but only 1000 bytes are free",
-        ),
-        id="restore-out-of-disk-is-permanent-with-its-message",
-    ),
-    pytest.param(
-        Case(
-            pod_from(RESUMED_POD).restore_exited(EXIT_INSUFFICIENT_DISK).build(),
-            End.PERMANENT,
-            "InsufficientDisk",
-            ready_node,
-            message_has="sizeLimit",
-        ),
-        id="restore-out-of-disk-without-message-is-permanent",
-    ),
+                "checkpoint-120 needs 2000 bytes but only 1000 bytes are free\n",
+                "",
+                "restore-out-of-disk-is-permanent-with-its-message",
+            ),
+            (
+                EXIT_INSUFFICIENT_DISK,
+                "",
+                "sizeLimit",
+                "restore-out-of-disk-without-message-is-permanent",
+            ),
+        ]
+    ],
     # -- Permanent --------------------------------------------------------------------------
     *[
         pytest.param(
@@ -699,13 +696,6 @@ def _faked_resume_annotation() -> RunRef:
     template["metadata"]["annotations"][ANNOTATION_RESUME_STEP] = "120"
     spec = ref.spec.model_copy(update={"template": template})
     return RunRef(name=ref.name, namespace=ref.namespace, uid=ref.uid, spec=spec)
-
-
-# How the restore's exit codes are read when they come from the operator's own restore.
-RESTORE_CODES = {
-    EXIT_CHECKPOINT_BAD: (End.CHECKPOINT_BAD, "CheckpointBad"),
-    EXIT_INSUFFICIENT_DISK: (End.PERMANENT, "InsufficientDisk"),
-}
 
 
 def _restore_ended(where: str, code: int) -> dict[str, Any]:

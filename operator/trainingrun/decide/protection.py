@@ -74,14 +74,10 @@ def judge(
     if not limit or since is None:
         return None
     committed = parse_instant(latest.time) if latest else None
+    if committed is not None and committed < since:
+        committed = None  # before this trainer started: not this attempt's
     denied = access_denied(pod) if running else None
-    fresh = latest is not None and committed is not None and committed >= since
-    if (
-        latest is not None
-        and committed is not None
-        and fresh
-        and not denied_since(denied, committed)
-    ):
+    if latest is not None and committed is not None and not (denied and denied.after(committed)):
         message = f"{label}: checkpoint {latest.step} committed at {latest.time}"
         return Verdict(True, R.CHECKPOINT_COMMITTED, message + ", since its trainer started", since)
     if not running:
@@ -112,6 +108,12 @@ class Denied:
     message: str
     at: datetime | None
 
+    def after(self, committed: datetime) -> bool:
+        """Whether the sidecar gave up after the commit at ``committed``: a commit after it
+        (the sidecar restarted with keys that work) means it is protected again. Both times
+        come from the pod's node; no time counts as after."""
+        return self.at is None or self.at >= committed
+
 
 def access_denied(pod: Mapping[str, Any] | None) -> Denied | None:
     """The sync sidecar's message (cut to ``MAX_SIDECAR_MESSAGE`` characters) when its last
@@ -124,15 +126,6 @@ def access_denied(pod: Mapping[str, Any] | None) -> Denied | None:
             first = bounded(message.splitlines()[0], MAX_SIDECAR_MESSAGE)
             return Denied(first, parse_instant(ended.get("finishedAt")))
     return None
-
-
-def denied_since(denied: Denied | None, committed: datetime) -> bool:
-    """Whether the sidecar gave up on access denied after the newest commit: a commit after it
-    (the sidecar restarted with keys that work) means it is protected again. Both times come
-    from the pod's node."""
-    if denied is None:
-        return False
-    return denied.at is None or denied.at >= committed
 
 
 def unprotected_message(
