@@ -45,6 +45,10 @@ tools: ## Build the control plane binaries and kwok from Go modules (cached unde
 	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the control plane"; exit 1; }
 	bash hack/build-tools.sh
 
+emulators: ## Build fake-gcs-server (Go module) and install Azurite (npm), cached under ~/.cache/trainingrun
+	bash hack/build-fake-gcs.sh
+	bash hack/install-azurite.sh
+
 lightning-env: ## Build the cached virtualenv of the Lightning stack, with DeepSpeed (examples/lightning_finetune.py)
 	bash hack/trainer-env.sh lightning
 
@@ -88,7 +92,7 @@ layers: venv ## import-linter: decision code imports neither kubernetes nor boto
 test-unit: venv ## Unit tests (no cluster)
 	$(BIN)/pytest tests/unit
 
-test-integration: venv tools ## Integration tests against the real control plane and SeaweedFS
+test-integration: venv tools emulators ## Integration tests against the real control plane and SeaweedFS
 	$(BIN)/pytest tests/integration
 
 # Every generated file, all tracked: verify rewrites them, then git tells which ones changed.
@@ -101,7 +105,7 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		echo "make verify has regenerated the file(s) above: review with 'git diff' and commit"; \
 		exit 1; } >&2
 
-test: verify tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
+test: verify tools emulators lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
 	$(BIN)/pytest tests
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder

@@ -56,7 +56,7 @@ from tests import localenv
 from tests.benchutil import cpu_seconds, write_section
 from trainingrun.local import scan
 from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Credentials, Location, StorageError, Store, make_client
+from trainingrun.storage import Credentials, Location, S3Store, StorageError, Store, make_client
 from trainingrun.sync import Sync, SyncSettings
 from trainingrun.transfer import MiB, TransferSettings
 
@@ -123,7 +123,7 @@ def child_store(s3: dict[str, str]) -> tuple[Store, CallCounter]:
     )
     counter = CallCounter()
     client.meta.events.register("before-call.s3", counter)
-    return Store(client, s3["bucket"]), counter
+    return S3Store(client, s3["bucket"]), counter
 
 
 def child_upload(spec: dict[str, Any], store: Store, timer: Timer) -> None:
@@ -299,7 +299,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     s3 = S3.of(env)
     work = Path(tempfile.mkdtemp(prefix="bench-protocol-"))
     base = f"bench-protocol/{uuid.uuid4().hex[:8]}"
-    store = Store(
+    store = S3Store(
         make_client(s3.endpoint, s3.region, Credentials(s3.access_key, s3.secret_key)), s3.bucket
     )
     load_start = os.getloadavg()[0]

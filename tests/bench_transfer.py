@@ -50,7 +50,7 @@ from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
 from trainingrun.local import scan
 from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Credentials, Location, Store, make_client
+from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
 from trainingrun.sync import Sync, SyncSettings
 from trainingrun.transfer import MiB, TransferSettings
 
@@ -106,7 +106,7 @@ class Bench:
         self.creds = Credentials(s3.access_key, s3.secret_key)
 
     def store(self, concurrency: int) -> Store:
-        return Store(
+        return S3Store(
             make_client(self.s3.endpoint, self.s3.region, self.creds, 2 * concurrency + 4),
             self.s3.bucket,
         )

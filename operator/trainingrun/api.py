@@ -9,11 +9,11 @@ and the operator parses every object it reads through them. Field descriptions h
 from __future__ import annotations
 
 from typing import Annotated, Any, Literal
-from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator, model_validator
-from pydantic.alias_generators import to_camel
+from pydantic import Field, JsonValue, model_validator
 
+from trainingrun.apistorage import ApiModel
+from trainingrun.apistorage import StorageSpec as StorageSpec  # noqa: PLC0414 (re-exported)
 from trainingrun.layouts import Pattern
 
 GROUP = "trainingrun.dev"
@@ -32,52 +32,7 @@ DEFAULT_NOTICE_TAINTS = [
 ]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(
-        alias_generator=to_camel, populate_by_name=True, extra="ignore", frozen=True
-    )
-
-
-class StorageSpec(_Model):
-    """Where checkpoints are kept."""
-
-    uri: str = Field(
-        description=(
-            "Bucket and prefix, as s3://bucket/prefix. Checkpoints of a run live under "
-            "<uri>/<namespace>/<run>/."
-        ),
-        pattern=r"^s3://[a-z0-9][a-z0-9.\-]{1,61}[a-z0-9](/.*)?$",
-        max_length=1024,
-    )
-    endpoint: str | None = Field(
-        default=None,
-        description=(
-            "S3 endpoint URL for S3-compatible stores (MinIO, Ceph, SeaweedFS, GCS "
-            "interoperability). Empty means AWS S3."
-        ),
-        # No user or password (they would show in messages), no underscore (botocore refuses).
-        pattern=r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(:[0-9]{1,5})?(/[^\s]*)?$",
-        max_length=1024,
-    )
-    region: str | None = Field(
-        default=None, description="Bucket region.", pattern=r"^[0-9A-Za-z][0-9A-Za-z._-]{0,63}$"
-    )
-    credentials_secret: str | None = Field(
-        default=None,
-        description=(
-            "Name of a Secret in the run's namespace with keys AWS_ACCESS_KEY_ID and "
-            "AWS_SECRET_ACCESS_KEY. Empty means the pod's own identity (IRSA, Workload Identity)."
-        ),
-        pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$",
-        max_length=253,
-    )
-
-    @field_validator("endpoint")
-    @classmethod
-    def _port(cls, endpoint: str | None) -> str | None:
-        if endpoint and urlsplit(endpoint).port == 0:  # .port raises ValueError above 65535
-            raise ValueError("the port must be from 1 to 65535")
-        return endpoint
+_Model = ApiModel
 
 
 # spec.checkpoint.format: auto, the formats of trainingrun.layouts, or pattern.

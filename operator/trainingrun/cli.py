@@ -9,8 +9,10 @@
   ``kubectl trainingrun ...``.
 
 Sync and restore read their settings from the environment the operator gives them:
-TRAININGRUN_STORAGE_URI, TRAININGRUN_CHECKPOINT_DIR, AWS_ENDPOINT_URL, AWS_REGION, credentials
-from the standard AWS chain; tuning: TRAININGRUN_PART_SIZE_MB (16), TRAININGRUN_CONCURRENCY (16),
+TRAININGRUN_STORAGE_URI, TRAININGRUN_CHECKPOINT_DIR; for s3:// AWS_ENDPOINT_URL, AWS_REGION and
+credentials from the standard AWS chain; for gs:// and az:// TRAININGRUN_STORAGE_ENDPOINT and
+the keys of ``contract.STORE_CREDENTIAL_KEYS`` (or the pod's identity); tuning:
+TRAININGRUN_PART_SIZE_MB (16), TRAININGRUN_CONCURRENCY (16),
 TRAININGRUN_MAX_BANDWIDTH_MBPS (none), TRAININGRUN_METRICS_PORT (9091, 0 = off),
 TRAININGRUN_METRICS_ADDRESS (127.0.0.1); sync also TRAININGRUN_KEEP (3),
 TRAININGRUN_QUIET_SECONDS (10), TRAININGRUN_DRAIN_SECONDS (60), TRAININGRUN_CHECKSUM (auto,
@@ -116,7 +118,7 @@ def _number(env: Mapping[str, str], name: str, default: str, minimum: float = 0)
 
 def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
     """(store, run location, transfer settings) from the environment."""
-    from trainingrun.storage import Store, make_client, parse_uri
+    from trainingrun.storage import parse_uri
     from trainingrun.transfer import MiB, TransferSettings
 
     try:
@@ -134,12 +136,26 @@ def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
         ),
         memory_budget=int(_number(env, c.ENV_MEMORY_BUDGET_MB, "256", minimum=5) * MiB),
     )
-    client = make_client(
-        endpoint=env.get(c.ENV_AWS_ENDPOINT_URL) or None,
-        region=env.get(c.ENV_AWS_REGION) or None,
-        max_pool_connections=2 * transfer.concurrency + 4,
-    )
-    return Store(client, run.bucket), run, transfer
+    return _agent_store(env, run, 2 * transfer.concurrency + 4), run, transfer
+
+
+def _agent_store(env: Mapping[str, str], run: Any, pool: int) -> Any:
+    """The run's store as the pod builder set it up: for S3 the standard AWS variables, which
+    boto3 reads itself (keys, web identity); for gs:// and az:// the endpoint and the Secret's
+    keys the store reads (none: the pod's own identity)."""
+    from trainingrun.storage import StorageMisconfigured, open_location
+
+    if run.scheme == "s3":
+        endpoint = env.get(c.ENV_AWS_ENDPOINT_URL) or None
+        secret = None
+    else:
+        endpoint = env.get(c.ENV_STORAGE_ENDPOINT) or None
+        keys = c.STORE_CREDENTIAL_KEYS[run.scheme][0]
+        secret = {k: env[k] for k in keys if env.get(k)} or None
+    try:
+        return open_location(run, endpoint, env.get(c.ENV_AWS_REGION) or None, secret, pool=pool)
+    except StorageMisconfigured as e:
+        raise SettingsError(str(e)) from None
 
 
 def _serve_metrics(env: Mapping[str, str], registry: Any) -> None:

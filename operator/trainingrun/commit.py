@@ -106,14 +106,14 @@ def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Ca
         for name in names:
             algo = checksum.ALGORITHMS[name]
             try:
-                store.put_checked(probe, data, algo.header, checksum.digest(algo, data))
+                store.put_checked(probe, data, algo, checksum.digest(algo, data))
             except StorageRejected:
                 log.info("endpoint refuses %s checksums", name)
                 continue
             chosen = algo
             wrong = checksum.digest(algo, data + b"!")
             try:
-                store.put_checked(probe, data, algo.header, wrong)
+                store.put_checked(probe, data, algo, wrong)
             except ChecksumMismatch:
                 verifies = True
             except StorageRejected:
@@ -154,7 +154,7 @@ def verify_uploaded(
         key = f"{prefix}/{rel}"
         if (ckpt.path / rel).stat().st_size != size:
             raise FileChanged(f"{ckpt.path / rel} changed size during the upload")
-        head = store.head(key, algo.header)
+        head = store.head(key, algo)
         if head is None or head[0] != size:
             raise VerificationFailed(f"{key}: expected {size} bytes, found {head and head[0]}")
         if head[1] is not None and head[1] != sums[key]:

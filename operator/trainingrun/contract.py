@@ -103,6 +103,18 @@ ENV_ACCESS_DENIED_SECONDS = "TRAININGRUN_ACCESS_DENIED_SECONDS"
 ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"
 ENV_AWS_REGION = "AWS_REGION"
 CREDENTIAL_KEYS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")
+# gs:// and az:// storage: the endpoint (an emulator, a private endpoint) and the keys of the
+# credentials Secret each store reads, by secretKeyRef only. GCS: a service-account key file's
+# JSON. Azure: an account key or a SAS token, either one.
+ENV_STORAGE_ENDPOINT = "TRAININGRUN_STORAGE_ENDPOINT"
+GCS_CREDENTIAL_KEYS = ("GOOGLE_SERVICE_ACCOUNT_JSON",)
+AZURE_CREDENTIAL_KEYS = ("AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN")
+# Per uri scheme: the Secret's keys, and whether each one is needed (else any one of them).
+STORE_CREDENTIAL_KEYS = {
+    "s3": (CREDENTIAL_KEYS, True),
+    "gs": (GCS_CREDENTIAL_KEYS, True),
+    "az": (AZURE_CREDENTIAL_KEYS, False),
+}
 
 # -- exit codes -------------------------------------------------------------------------------
 

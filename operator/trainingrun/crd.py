@@ -149,8 +149,14 @@ RULES: dict[str, list[dict[str, str]]] = {
     ],
     "checkpoint.storage": [
         {
-            "rule": "self.uri.startsWith('s3://')",
-            "message": "spec.checkpoint.storage.uri must start with s3:// (s3://bucket/prefix)",
+            "rule": (
+                "self.uri.startsWith('s3://') || self.uri.startsWith('gs://') || "
+                "self.uri.startsWith('az://')"
+            ),
+            "message": (
+                "spec.checkpoint.storage.uri must start with s3://, gs:// or az:// "
+                "(s3://bucket/prefix, gs://bucket/prefix, az://account/container/prefix)"
+            ),
         },
         {
             "rule": (

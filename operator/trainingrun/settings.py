@@ -18,10 +18,11 @@ the first event. The chart sets these variables from its values (charts/training
 - TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS (300): how long the sync sidecar goes on through
   nothing but access denied before it exits for the kubelet to restart it with fresh keys.
 - TRAININGRUN_ALLOWED_ENDPOINTS (none: any): the storage endpoints runs may name, comma-separated
-  URLs (scheme, host and optional port); "aws" allows AWS S3 itself (no endpoint). Set, any other
-  endpoint fails the run with StorageNotAllowed.
+  URLs (scheme, host and optional port); "aws", "gcs" and "azure" allow AWS S3, Google Cloud
+  Storage and Azure Blob Storage themselves (no endpoint). Set, any other endpoint fails the run
+  with StorageNotAllowed.
 - TRAININGRUN_ALLOWED_URIS (none: any): the prefixes runs' storage.uri must start with,
-  comma-separated s3:// URIs (the admin's base paths).
+  comma-separated s3://, gs:// or az:// URIs (the admin's base paths).
 """
 
 from __future__ import annotations

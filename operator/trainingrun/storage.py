@@ -1,450 +1,155 @@
-"""The one wrapper around S3: every call to the object store goes through ``Store``, which
-decides in one place what 404, 412, 429 and 5xx mean.
-
-- 404 / NoSuchKey: ``None`` from the reads (``KeyNotFound`` where absence is an error);
-  NoSuchBucket: ``BucketNotFound``, raised by the reads too (a missing bucket is a setup error).
-- 412 PreconditionFailed: ``PreconditionFailed`` (a create-only or compare-and-swap lost).
-- 429, 5xx, timeouts, connection errors: retried with jittered backoff within the client's
-  ``CallBudget``, then ``StorageUnavailable``.
-- 403 / credentials: ``StorageAccessDenied`` naming the bucket and the fix.
-- 400 BadDigest: ``ChecksumMismatch`` (bytes changed on the way); other 4xx: ``StorageRejected``.
-- An object ``get`` or ``get_with_etag`` would read past ``Store.max_get_bytes``: ``TooLarge``,
-  with no more than that many bytes read (they read JSON records; data goes by ``read_range``).
-
-How long a call may take is the client's ``CallBudget``: the agents' is patient (a sidecar
-rides out an endpoint's bad minutes), the operator's is short (its workers serve every run).
+"""Opening a run's store: the uri's scheme picks it (``s3://`` boto3, ``gs://``
+google-cloud-storage, ``az://`` azure-storage-blob), with the run's endpoint, region and
+credentials. The interface every store gives and the errors it raises are ``storebase``'s,
+re-exported here so callers import one module.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
-from typing import Any, Literal
-
-import boto3
-import botocore.exceptions
-from botocore.config import Config
+import hashlib
+from collections.abc import Mapping
 
 from trainingrun.api import StorageSpec
-from trainingrun.contract import CREDENTIAL_KEYS
+from trainingrun.contract import STORE_CREDENTIAL_KEYS
+from trainingrun.s3store import Credentials, S3Store, make_client, open_s3
+from trainingrun.storebase import (
+    MAX_GET_BYTES,
+    OPERATOR_BUDGET,
+    PATIENT_BUDGET,
+    SCHEMES,
+    BucketNotFound,
+    CallBudget,
+    ChecksumMismatch,
+    KeyNotFound,
+    Location,
+    NotFound,
+    PreconditionFailed,
+    StorageAccessDenied,
+    StorageError,
+    StorageMisconfigured,
+    StorageRejected,
+    StorageUnavailable,
+    Store,
+    TooLarge,
+)
 
-
-class StorageError(Exception):
-    """A storage failure; the message names the bucket or key and what to do."""
-
-
-class StorageUnavailable(StorageError):
-    """The endpoint did not answer or kept answering 429/5xx; retrying later may work."""
-
-
-class StorageAccessDenied(StorageError):
-    """Credentials missing or not allowed; retrying will not help."""
-
-
-class PreconditionFailed(StorageError):
-    """A conditional write lost (If-None-Match / If-Match)."""
-
-
-class ChecksumMismatch(StorageError):
-    """The endpoint received bytes that do not match the checksum sent with them."""
-
-
-class StorageRejected(StorageError):
-    """A 4xx other than 403/404/412/429: the request itself is wrong for this endpoint."""
-
-
-class TooLarge(StorageError):
-    """An object is larger than the reader takes; ``size`` is None when the endpoint did not
-    say (the read stopped at ``cap`` + 1 bytes)."""
-
-    def __init__(self, where: str, size: int | None, cap: int) -> None:
-        told = f"is {size} bytes" if size is not None else "is larger"
-        super().__init__(f"{where} {told}, over the {cap} bytes this read takes")
-        self.size = size
-        self.cap = cap
-
-
-class NotFound(StorageError):
-    """The bucket or key does not exist."""
-
-
-class BucketNotFound(NotFound):
-    """The bucket does not exist."""
-
-
-class KeyNotFound(NotFound):
-    """The key does not exist (or a bare 404: HEAD answers carry no error code)."""
-
-
-@dataclass(frozen=True)
-class Location:
-    bucket: str
-    prefix: str  # without leading or trailing '/'
-
-    def key(self, *parts: str) -> str:
-        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
-
-    def relative(self, key: str) -> str:
-        """``key`` relative to the prefix (the inverse of ``key``)."""
-        return key[len(self.prefix) + 1 :] if self.prefix else key
+__all__ = [
+    "MAX_GET_BYTES",
+    "OPERATOR_BUDGET",
+    "PATIENT_BUDGET",
+    "BucketNotFound",
+    "CallBudget",
+    "ChecksumMismatch",
+    "Credentials",
+    "CredentialsSecretError",
+    "KeyNotFound",
+    "Location",
+    "NotFound",
+    "PreconditionFailed",
+    "S3Store",
+    "SecretValues",
+    "StorageAccessDenied",
+    "StorageError",
+    "StorageMisconfigured",
+    "StorageRejected",
+    "StorageUnavailable",
+    "Store",
+    "TooLarge",
+    "make_client",
+    "open_location",
+    "open_store",
+    "parse_uri",
+    "secret_credentials",
+]
 
 
 def parse_uri(uri: str) -> Location:
-    if not uri.startswith("s3://"):
-        raise ValueError(f"storage uri {uri!r} must start with s3://")
-    rest = uri[len("s3://") :]
+    """``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``az://account/container/prefix``."""
+    scheme, sep, rest = uri.partition("://")
+    if not sep or scheme not in SCHEMES:
+        raise ValueError(
+            f"storage uri {uri!r} must start with s3://, gs:// or az:// "
+            "(s3://bucket/prefix, gs://bucket/prefix, az://account/container/prefix)"
+        )
+    account = ""
+    if scheme == "az":
+        account, _, rest = rest.partition("/")
+        if not account:
+            raise ValueError(f"storage uri {uri!r} has no storage account (az://account/...)")
     bucket, _, prefix = rest.partition("/")
     if not bucket:
-        raise ValueError(f"storage uri {uri!r} has no bucket")
-    return Location(bucket, prefix.strip("/"))
+        what = "container (az://account/container/prefix)" if scheme == "az" else "bucket"
+        raise ValueError(f"storage uri {uri!r} has no {what}")
+    return Location(bucket, prefix.strip("/"), scheme, account)
 
 
-@dataclass(frozen=True)
-class Credentials:
-    access_key: str
-    secret_key: str
+class SecretValues(dict[str, str]):
+    """The credential keys of a run's Secret that its store reads; never printed."""
 
-    def __repr__(self) -> str:  # never print the secret
-        return "Credentials(access_key=***, secret_key=***)"
+    def __repr__(self) -> str:
+        return f"SecretValues({', '.join(sorted(self))}: ***)"
 
+    __str__ = __repr__
 
-class StorageMisconfigured(Exception):
-    """No S3 client can be made of the run's endpoint, region and keys: they must change."""
+    def fingerprint(self) -> str:
+        """A hash of the values: stores opened with other keys are other stores."""
+        joined = "\0".join(f"{k}={self[k]}" for k in sorted(self))
+        return hashlib.sha256(joined.encode()).hexdigest()
 
 
 class CredentialsSecretError(StorageError):
     """The run's credentials Secret is missing or lacks a key."""
 
 
-def secret_credentials(namespace: str, name: str, data: Mapping[str, str] | None) -> Credentials:
-    """Credentials from the decoded data of the Secret named by credentialsSecret."""
+def secret_credentials(
+    namespace: str, name: str, data: Mapping[str, str] | None, scheme: str = "s3"
+) -> SecretValues:
+    """The keys the ``scheme``'s store reads, from the decoded data of the Secret named by
+    credentialsSecret; empty values count as absent."""
+    keys, all_needed = STORE_CREDENTIAL_KEYS[scheme]
+    wanted = " and ".join(keys) if all_needed else " or ".join(keys)
     if data is None:
         raise CredentialsSecretError(
             f"Secret {namespace}/{name} named by spec.checkpoint.storage.credentialsSecret does "
-            f"not exist: create it with keys {' and '.join(CREDENTIAL_KEYS)}"
+            f"not exist: create it with {'keys' if all_needed else 'key'} {wanted}"
         )
-    try:
-        return Credentials(data[CREDENTIAL_KEYS[0]], data[CREDENTIAL_KEYS[1]])
-    except KeyError as e:
-        raise CredentialsSecretError(f"Secret {namespace}/{name} has no key {e.args[0]}") from None
+    found = SecretValues({k: data[k] for k in keys if data.get(k)})
+    missing = [k for k in keys if k not in found]
+    if (all_needed and missing) or not found:
+        raise CredentialsSecretError(
+            f"Secret {namespace}/{name} has no key {missing[0] if all_needed else wanted}"
+        )
+    return found
 
 
-@dataclass(frozen=True)
-class CallBudget:
-    """How long one S3 call may take: ``attempts`` (the first one included) times the timeouts,
-    plus botocore's jittered backoff between them. The read timeout bounds each wait for bytes."""
-
-    attempts: int
-    connect_timeout: float
-    read_timeout: float
-    retry_mode: Literal["standard", "adaptive"] = "standard"
-
-
-# The sync sidecar, the restore and the user commands: one caller, one endpoint; riding out a
-# throttling or failing-over endpoint (8 retries, ~9 minutes at worst) beats failing a checkpoint.
-PATIENT_BUDGET = CallBudget(attempts=9, connect_timeout=5, read_timeout=60, retry_mode="adaptive")
-# The operator: a handful of workers serve every run of every tenant, so a call to an endpoint
-# that does not answer gives up within ~20 s (~30 s at worst) and the pass is retried later.
-# "standard", not "adaptive": adaptive's client-side rate limiter can sleep in the worker.
-OPERATOR_BUDGET = CallBudget(attempts=2, connect_timeout=5, read_timeout=10)
-# ``get`` reads JSON records, the manifests (trainingrun.manifest caps them at 4 and 8 MiB);
-# a larger object there is not one, and is refused before it is loaded.
-MAX_GET_BYTES = 8 << 20
-
-
-def make_client(
-    endpoint: str | None = None,
-    region: str | None = None,
-    credentials: Credentials | None = None,
-    max_pool_connections: int = 16,
+def open_location(
+    location: Location,
+    endpoint: str | None,
+    region: str | None,
+    secret: Mapping[str, str] | None,
     budget: CallBudget = PATIENT_BUDGET,
-) -> Any:
-    """A boto3 S3 client. Without ``credentials`` the standard AWS chain applies (env, web
-    identity / IRSA, instance profile), refreshing as they expire."""
-    config = Config(
-        retries={"mode": budget.retry_mode, "total_max_attempts": budget.attempts},
-        connect_timeout=budget.connect_timeout,
-        read_timeout=budget.read_timeout,
-        max_pool_connections=max_pool_connections,
-        # boto3 >= 1.36 adds CRC checksums to every request by default; several S3-compatible
-        # stores reject them. Send them only where the API requires them; callers that want a
-        # checksum ask for one explicitly.
-        # botocore's own AWS_REQUEST_CHECKSUM_CALCULATION / AWS_RESPONSE_CHECKSUM_VALIDATION
-        # variables still win when set.
-        request_checksum_calculation=(
-            None if "AWS_REQUEST_CHECKSUM_CALCULATION" in os.environ else "when_required"
-        ),
-        response_checksum_validation=(
-            None if "AWS_RESPONSE_CHECKSUM_VALIDATION" in os.environ else "when_required"
-        ),
-        s3={"addressing_style": "path"} if endpoint else None,
-    )
-    kwargs: dict[str, Any] = {"config": config}
-    if endpoint:
-        kwargs["endpoint_url"] = endpoint
-    if region:
-        kwargs["region_name"] = region
-    if credentials:
-        kwargs["aws_access_key_id"] = credentials.access_key
-        kwargs["aws_secret_access_key"] = credentials.secret_key
-    return boto3.client("s3", **kwargs)
+    pool: int = 16,
+) -> Store:
+    """The store of ``location``'s bucket. ``secret`` holds the keys of
+    ``contract.STORE_CREDENTIAL_KEYS`` for its scheme; None: the pod's own identity (the AWS
+    chain, GKE or Azure Workload Identity). Raises StorageMisconfigured."""
+    # Each cloud's SDK is imported when a run uses it: an operator of S3 runs loads neither.
+    if location.scheme == "gs":
+        from trainingrun.gcsstore import open_gcs  # noqa: PLC0415
+
+        return open_gcs(location, endpoint, secret, budget, pool)
+    if location.scheme == "az":
+        from trainingrun.azurestore import open_azure  # noqa: PLC0415
+
+        return open_azure(location, endpoint, secret, budget, pool)
+    keys = STORE_CREDENTIAL_KEYS["s3"][0]
+    creds = Credentials(secret[keys[0]], secret[keys[1]]) if secret else None
+    return open_s3(location, endpoint, region, creds, budget, pool)
 
 
 def open_store(
-    storage: StorageSpec, credentials: Credentials | None, budget: CallBudget = PATIENT_BUDGET
+    storage: StorageSpec, secret: Mapping[str, str] | None, budget: CallBudget = PATIENT_BUDGET
 ) -> Store:
     """The store of a run's bucket, with its endpoint and region. Raises StorageMisconfigured."""
-    try:
-        client = make_client(storage.endpoint, storage.region, credentials, budget=budget)
-    except (ValueError, botocore.exceptions.BotoCoreError) as e:  # it names the value, not keys
-        raise StorageMisconfigured(
-            f"spec.checkpoint.storage: no S3 client can be made of it ({type(e).__name__}: {e})"
-        ) from None
-    return Store(client, parse_uri(storage.uri).bucket)
-
-
-class Store:
-    """S3 calls for one bucket."""
-
-    def __init__(self, client: Any, bucket: str, max_get_bytes: int = MAX_GET_BYTES) -> None:
-        self.client = client
-        self.bucket = bucket
-        self.max_get_bytes = max_get_bytes
-
-    def _translate(self, err: Exception, key: str) -> StorageError:
-        where = f"s3://{self.bucket}/{key}"
-        if isinstance(err, botocore.exceptions.ClientError):
-            status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            code = str(err.response.get("Error", {}).get("Code", ""))
-            if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
-                if code == "NoSuchBucket":
-                    return BucketNotFound(f"bucket {self.bucket!r} does not exist: create it first")
-                return KeyNotFound(f"{where} does not exist")
-            if status == 412 or code == "PreconditionFailed":
-                return PreconditionFailed(f"{where}: condition not met")
-            if status == 403 or code in (
-                "AccessDenied",
-                "InvalidAccessKeyId",
-                "SignatureDoesNotMatch",
-            ):
-                return StorageAccessDenied(
-                    f"{where}: access denied ({code}); check the credentials Secret or the "
-                    "role's bucket policy: s3:ListBucket, s3:ListBucketMultipartUploads on the "
-                    "bucket; s3:GetObject, s3:PutObject, s3:DeleteObject, "
-                    "s3:AbortMultipartUpload on the prefix (docs/storage.md#bucket-permissions)"
-                )
-            if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
-                return ChecksumMismatch(f"{where}: the endpoint found a checksum mismatch ({code})")
-            if 400 <= status < 500 and status not in (408, 429):
-                return StorageRejected(f"{where}: the endpoint refused the request ({code})")
-            return StorageUnavailable(f"{where}: {code or status}")
-        if isinstance(err, botocore.exceptions.NoCredentialsError):
-            return StorageAccessDenied(
-                f"{where}: no credentials found; set spec.checkpoint.storage.credentialsSecret "
-                "or give the pod an identity (IRSA, Workload Identity)"
-            )
-        if isinstance(err, (botocore.exceptions.BotoCoreError, OSError)):
-            return StorageUnavailable(f"{where}: {err}")
-        raise err
-
-    def get(self, key: str) -> bytes | None:
-        """The object's bytes, or None when it does not exist. TooLarge past max_get_bytes."""
-        got = self._get(key)
-        return got[0] if got is not None else None
-
-    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
-        """(bytes, ETag), or None when the object does not exist. TooLarge past max_get_bytes."""
-        got = self._get(key)
-        return (got[0], str(got[1]["ETag"])) if got is not None else None
-
-    def _get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=key)
-            return self._capped(resp, key), resp
-        except TooLarge:
-            raise
-        except Exception as e:
-            err = self._translate(e, key)
-            if isinstance(err, KeyNotFound):
-                return None
-            raise err from e
-
-    def _capped(self, resp: dict[str, Any], key: str) -> bytes:
-        """The body of a GET, refused unread when its length is over the cap, and read no
-        further than one byte past it when the endpoint did not tell the length (or lied)."""
-        body, cap = resp["Body"], self.max_get_bytes
-        told = resp.get("ContentLength")
-        if told is not None and int(told) > cap:
-            body.close()  # the connection is dropped rather than drained
-            raise TooLarge(f"s3://{self.bucket}/{key}", int(told), cap)
-        data: bytes = body.read(cap + 1)
-        if len(data) > cap:
-            body.close()
-            raise TooLarge(f"s3://{self.bucket}/{key}", None, cap)
-        return data
-
-    def put(
-        self,
-        key: str,
-        data: bytes,
-        *,
-        if_none_match: bool = False,
-        if_match: str | None = None,
-        content_type: str = "application/json",
-    ) -> str:
-        """Writes ``data``; create-only with ``if_none_match``, compare-and-swap with
-        ``if_match``. Returns the new ETag."""
-        kwargs: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": key,
-            "Body": data,
-            "ContentType": content_type,
-        }
-        if if_none_match:
-            kwargs["IfNoneMatch"] = "*"
-        if if_match:
-            kwargs["IfMatch"] = if_match
-        try:
-            return str(self.client.put_object(**kwargs)["ETag"])
-        except Exception as e:
-            raise self._translate(e, key) from e
-
-    def head(self, key: str, checksum_header: str | None = None) -> tuple[int, str | None] | None:
-        """(size, stored checksum under ``checksum_header`` if the endpoint returns it), or
-        None when the object does not exist."""
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
-        if checksum_header:
-            kwargs["ChecksumMode"] = "ENABLED"
-        try:
-            resp = self.client.head_object(**kwargs)
-        except Exception as e:
-            err = self._translate(e, key)
-            if isinstance(err, KeyNotFound):
-                return None
-            raise err from e
-        checksum = resp.get(checksum_header) if checksum_header else None
-        if checksum and resp.get("ChecksumType") == "COMPOSITE":
-            checksum = None  # a checksum of part checksums, not of the object
-        return int(resp["ContentLength"]), checksum
-
-    def put_checked(self, key: str, data: bytes, checksum_header: str, checksum: str) -> None:
-        """Writes ``data`` with its full-object checksum; the endpoint rejects a mismatch."""
-        try:
-            self.client.put_object(
-                Bucket=self.bucket, Key=key, Body=data, **{checksum_header: checksum}
-            )
-        except Exception as e:
-            raise self._translate(e, key) from e
-
-    def create_multipart(self, key: str, algorithm: str, full_object: bool) -> str:
-        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "ChecksumAlgorithm": algorithm}
-        if full_object:
-            kwargs["ChecksumType"] = "FULL_OBJECT"
-        try:
-            return str(self.client.create_multipart_upload(**kwargs)["UploadId"])
-        except Exception as e:
-            raise self._translate(e, key) from e
-
-    def upload_part(
-        self,
-        key: str,
-        upload_id: str,
-        number: int,
-        data: bytes,
-        checksum_header: str,
-        checksum: str,
-    ) -> dict[str, Any]:
-        """One part, checked by the endpoint against ``checksum``; returns its completion entry."""
-        try:
-            resp = self.client.upload_part(
-                Bucket=self.bucket,
-                Key=key,
-                UploadId=upload_id,
-                PartNumber=number,
-                Body=data,
-                **{checksum_header: checksum},
-            )
-        except Exception as e:
-            raise self._translate(e, key) from e
-        return {"PartNumber": number, "ETag": resp["ETag"], checksum_header: checksum}
-
-    def complete_multipart(
-        self,
-        key: str,
-        upload_id: str,
-        parts: list[dict[str, Any]],
-        checksum_header: str,
-        full_checksum: str | None,
-    ) -> None:
-        """Completes the upload; with ``full_checksum`` the endpoint checks the whole object."""
-        kwargs: dict[str, Any] = {
-            "Bucket": self.bucket,
-            "Key": key,
-            "UploadId": upload_id,
-            "MultipartUpload": {"Parts": parts},
-        }
-        if full_checksum:
-            kwargs[checksum_header] = full_checksum
-            kwargs["ChecksumType"] = "FULL_OBJECT"
-        try:
-            self.client.complete_multipart_upload(**kwargs)
-        except Exception as e:
-            raise self._translate(e, key) from e
-
-    def abort_multipart(self, key: str, upload_id: str) -> None:
-        try:
-            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
-        except Exception as e:
-            err = self._translate(e, key)
-            if not isinstance(err, NotFound):
-                raise err from e
-
-    def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
-        """(key, upload id) of unfinished multipart uploads under ``prefix``."""
-        try:
-            resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
-        except Exception as e:
-            raise self._translate(e, prefix) from e
-        return [(str(u["Key"]), str(u["UploadId"])) for u in resp.get("Uploads") or []]
-
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
-        """Streams bytes ``start``..``end`` inclusive of an object into ``sink`` in blocks of
-        ``chunk``; returns how many bytes came."""
-        done = 0
-        try:
-            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
-            for block in resp["Body"].iter_chunks(chunk):
-                sink(block)
-                done += len(block)
-        except Exception as e:
-            raise self._translate(e, key) from e
-        return done
-
-    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
-        """(key, size) of every object under ``prefix``."""
-        paginator = self.client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-                for obj in page.get("Contents") or []:
-                    yield str(obj["Key"]), int(obj["Size"])
-        except Exception as e:
-            raise self._translate(e, prefix) from e
-
-    def delete(self, keys: list[str]) -> None:
-        for i in range(0, len(keys), 1000):
-            chunk = [{"Key": k} for k in keys[i : i + 1000]]
-            try:
-                out = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
-            except Exception as e:
-                raise self._translate(e, keys[i]) from e
-            # DeleteObjects answers 200 and lists the keys it could not delete.
-            errors = out.get("Errors") or []
-            if errors:
-                first = errors[0]
-                raise StorageError(
-                    f"s3://{self.bucket}/{first.get('Key')}: {len(errors)} of {len(chunk)} "
-                    f"objects not deleted ({first.get('Code')}: {first.get('Message')})"
-                )
+    location = parse_uri(storage.uri)
+    return open_location(location, storage.endpoint, storage.region, secret, budget)

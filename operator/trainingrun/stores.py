@@ -13,7 +13,6 @@ the clients kept are the ``max_stores`` used last (each holds ~0.4 MiB).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import threading
 import time
 from collections import OrderedDict
@@ -29,8 +28,8 @@ from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.manifest import RunManifest
 from trainingrun.storage import (
     OPERATOR_BUDGET,
-    Credentials,
     CredentialsSecretError,
+    SecretValues,
     StorageUnavailable,
     Store,
     open_store,
@@ -48,11 +47,12 @@ class Checkpoints:
     latest: CheckpointRef | None = None  # the newest committed checkpoint, as status shows it
 
 
-OpenStore = Callable[[StorageSpec, Credentials | None], Store]
-StoreKey = tuple[str | None, str | None, str, str]  # endpoint, region, credentials' hash, bucket
+OpenStore = Callable[[StorageSpec, SecretValues | None], Store]
+# endpoint, region, credentials' hash, the bucket's uri
+StoreKey = tuple[str | None, str | None, str, str]
 
 
-def open_operator_store(storage: StorageSpec, credentials: Credentials | None) -> Store:
+def open_operator_store(storage: StorageSpec, credentials: SecretValues | None) -> Store:
     """``storage.open_store`` with the operator's short budget: a call gives up within ~20 s."""
     return open_store(storage, credentials, OPERATOR_BUDGET)
 
@@ -67,8 +67,11 @@ class EndpointBusy(StorageUnavailable):
 
 def endpoint_of(storage: StorageSpec) -> str:
     """The endpoint a run's calls go to: its URL's scheme, host and port (lowercase; without a
-    user or password, as it appears in messages), or AWS S3 of the run's region."""
+    user or password, as it appears in messages), or the cloud's own service."""
     if not storage.endpoint:
+        scheme = storage.uri.partition("://")[0]
+        if scheme != "s3":
+            return {"gs": "Google Cloud Storage", "az": "Azure Blob Storage"}[scheme]
         return f"AWS S3 ({storage.region or 'default region'})"
     url = urlsplit(storage.endpoint.strip().lower())
     try:
@@ -167,18 +170,17 @@ class RunStores:
         """The store of a run's bucket with the run's own credentials; ``fresh``: with the
         Secret as it is now, not as cached. Raises MissingSecret."""
         creds = None
+        location = parse_uri(storage.uri)
         if storage.credentials_secret:
             data = self._secret(namespace, storage.credentials_secret, fresh)
             try:
-                creds = secret_credentials(namespace, storage.credentials_secret, data)
+                creds = secret_credentials(
+                    namespace, storage.credentials_secret, data, location.scheme
+                )
             except CredentialsSecretError as e:
                 raise MissingSecret(str(e)) from e
-        fingerprint = (
-            hashlib.sha256(f"{creds.access_key}:{creds.secret_key}".encode()).hexdigest()
-            if creds
-            else ""
-        )
-        key = (storage.endpoint, storage.region, fingerprint, parse_uri(storage.uri).bucket)
+        fingerprint = creds.fingerprint() if creds else ""
+        key = (storage.endpoint, storage.region, fingerprint, location.root)
         store = self._cached(key)
         if store is None:
             # One at a time: botocore loads and parses the S3 service model for the first client

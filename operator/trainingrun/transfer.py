@@ -234,7 +234,7 @@ class Transfer:
                 checksum = digest(algo, data)
                 self.throttle.take(len(data))
                 self._check()
-                self.store.put_checked(key, data, algo.header, checksum)
+                self.store.put_checked(key, data, algo, checksum)
         progress.add(len(data))
         progress.file_done()
         return checksum
@@ -252,7 +252,7 @@ class Transfer:
             plan = self.plan(before[0])
             if plan.part_size > self.settings.part_size:
                 log.info("%s: %s", key, plan.describe(format_bytes))
-            upload_id = self.store.create_multipart(key, algo.name, full_object=algo.combinable)
+            upload_id = self.store.create_multipart(key, algo)
             with self._lock:
                 self._open[upload_id] = key
             upload = _Upload(fd, key, upload_id, algo, progress, plan.buffer)
@@ -265,7 +265,7 @@ class Transfer:
                 algo.encode(algo.combine((p[1], p[2]) for p in parts)) if algo.combinable else None
             )
             entries = [p[0] for p in parts]
-            self.store.complete_multipart(key, upload_id, entries, algo.header, full)
+            self.store.complete_multipart(key, upload_id, entries, algo, full)
             with self._lock:
                 self._open.pop(upload_id, None)
         except EOFError as e:
@@ -302,7 +302,7 @@ class Transfer:
             encoded = u.algo.encode(crc) if u.algo.combinable else digest(u.algo, data)
             self.throttle.take(length)
             self._check()
-            entry = self.store.upload_part(u.key, u.upload_id, number, data, u.algo.header, encoded)
+            entry = self.store.upload_part(u.key, u.upload_id, number, data, u.algo, encoded)
         u.progress.add(length)
         return entry, crc, length
 
@@ -317,10 +317,10 @@ class Transfer:
             encoded, crc = range_checksum(u.fd, offset, length, u.algo)
             self.throttle.take(length)
             self._check()
-            # Store.upload_part passes its body to boto3 as Body, which takes a seekable stream
-            # as well as bytes.
+            # Every Store.upload_part takes a seekable stream of the part's length as well as
+            # bytes (storebase.Store).
             body = cast(bytes, PartReader(u.fd, offset, length))
-            entry = self.store.upload_part(u.key, u.upload_id, number, body, u.algo.header, encoded)
+            entry = self.store.upload_part(u.key, u.upload_id, number, body, u.algo, encoded)
         u.progress.add(length)
         return entry, crc, length
 

@@ -59,10 +59,10 @@ def run_store(kube: Kube, run: dict[str, Any]) -> tuple[Store, Location]:
     spec = api.TrainingRunSpec.model_validate(run["spec"])
     storage = spec.checkpoint.storage
     creds = None
+    location = parse_uri(run_prefix(RunRef(meta["name"], namespace, meta["uid"], spec)))
     if storage.credentials_secret:
         data = kube.get_secret_data(namespace, storage.credentials_secret)
-        creds = secret_credentials(namespace, storage.credentials_secret, data)
-    location = parse_uri(run_prefix(RunRef(meta["name"], namespace, meta["uid"], spec)))
+        creds = secret_credentials(namespace, storage.credentials_secret, data, location.scheme)
     return open_store(storage, creds), location
 
 

@@ -28,7 +28,7 @@ from tests.integration.agents import (
 )
 from tests.integration.support import commit_checkpoint, wait_for
 from trainingrun.commit import take_fence
-from trainingrun.storage import Credentials, Location, Store, make_client
+from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
 
 MiB = 1 << 20
 
@@ -37,7 +37,7 @@ def _store(agent_s3: S3) -> Store:
     client = make_client(
         agent_s3.endpoint, agent_s3.region, Credentials(agent_s3.access_key, agent_s3.secret_key)
     )
-    return Store(client, agent_s3.bucket)
+    return S3Store(client, agent_s3.bucket)
 
 
 def _manifest(agent_s3: S3, run_key: str) -> dict[str, Any]:

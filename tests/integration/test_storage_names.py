@@ -30,6 +30,7 @@ from trainingrun.storage import (
     BucketNotFound,
     Credentials,
     Location,
+    S3Store,
     Store,
     make_client,
 )
@@ -52,7 +53,7 @@ def named_bucket(localenv: localenv_mod.LocalEnv, s3: Any) -> Iterator[str]:
 
 def _store(localenv: localenv_mod.LocalEnv, bucket: str) -> Store:
     creds = Credentials(localenv.s3_access_key, localenv.s3_secret_key)
-    return Store(make_client(localenv.s3_endpoint, localenv.s3_region, creds), bucket)
+    return S3Store(make_client(localenv.s3_endpoint, localenv.s3_region, creds), bucket)
 
 
 def test_missing_objects_read_as_none_in_a_bucket_named_bucket(

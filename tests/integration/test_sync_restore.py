@@ -39,7 +39,7 @@ from trainingrun.checksum import CRC64NVME
 from trainingrun.commit import Capabilities, Committer
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
 from trainingrun.manifest import MANIFEST_VERSION, CheckpointManifest
-from trainingrun.storage import Credentials, Location, Store, make_client
+from trainingrun.storage import Credentials, Location, S3Store, make_client
 
 MiB = 1 << 20
 HF_LIKE = {
@@ -307,7 +307,7 @@ def test_two_writers_updating_manifest_at_once_lose_nothing(agent_s3: S3, run_ke
     errors: list[BaseException] = []
 
     def writer(steps: range) -> None:
-        store = Store(
+        store = S3Store(
             make_client(
                 agent_s3.endpoint,
                 agent_s3.region,

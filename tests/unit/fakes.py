@@ -19,7 +19,7 @@ from moto import mock_aws
 
 from tests.unit.builders import T0
 from trainingrun.api import StorageSpec
-from trainingrun.checksum import CRC64NVME, digest
+from trainingrun.checksum import CRC64NVME, Algorithm, digest
 from trainingrun.contract import rfc3339
 from trainingrun.kube import ApiError
 from trainingrun.manifest import (
@@ -288,11 +288,11 @@ class DictStore:
         self.etags[key] = f'"{self._writes}"'
         return self.etags[key]
 
-    def head(self, key: str, checksum_header: str | None = None) -> tuple[int, str | None] | None:
+    def head(self, key: str, algo: Algorithm | None = None) -> tuple[int, str | None] | None:
         data = self.objects.get(key)
         if data is None:
             return None
-        return len(data), digest(CRC64NVME, data) if checksum_header else None
+        return len(data), digest(CRC64NVME, data) if algo else None
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
         for key in sorted(self.objects):

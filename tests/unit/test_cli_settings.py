@@ -28,9 +28,9 @@ COMMON_CASES = [
         {"TRAININGRUN_STORAGE_URI": ""}, "TRAININGRUN_STORAGE_URI is not set", id="no-uri"
     ),
     pytest.param(
-        {"TRAININGRUN_STORAGE_URI": "gs://bucket/x"},
-        "TRAININGRUN_STORAGE_URI: storage uri 'gs://bucket/x' must start with s3://",
-        id="uri-not-s3",
+        {"TRAININGRUN_STORAGE_URI": "hdfs://bucket/x"},
+        "TRAININGRUN_STORAGE_URI: storage uri 'hdfs://bucket/x' must start with s3://, gs:// or az://",
+        id="uri-unknown-scheme",
     ),
     pytest.param(
         {"TRAININGRUN_STORAGE_URI": "s3:///runs"},

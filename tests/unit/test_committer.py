@@ -49,7 +49,7 @@ from trainingrun.manifest import (
     part_prefix,
 )
 from trainingrun.protocol import Fenced, StaleAttempt
-from trainingrun.storage import Location, PreconditionFailed, StorageUnavailable, Store
+from trainingrun.storage import Location, PreconditionFailed, S3Store, StorageUnavailable, Store
 
 BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
@@ -80,7 +80,7 @@ def client(moto_client: Any) -> Any:
 
 @pytest.fixture
 def store(client: Any) -> Store:
-    return Store(client, BUCKET)
+    return S3Store(client, BUCKET)
 
 
 @pytest.fixture
@@ -143,7 +143,7 @@ def _commit(c: Committer, step: int) -> Outcome:
     return outcome
 
 
-class RacingStore(Store):
+class RacingStore(S3Store):
     """Before our first write of manifest.json, ``rival`` runs (another writer's whole step)."""
 
     def __init__(self, client: Any, rival: Callable[[Store], object]) -> None:
@@ -155,7 +155,7 @@ class RacingStore(Store):
         if key == RUN.key(RUN_MANIFEST):
             self.manifest_writes.append("if-match" if kwargs.get("if_match") else "if-none-match")
             if len(self.manifest_writes) == 1:
-                self.rival(Store(self.client, BUCKET))
+                self.rival(S3Store(self.client, BUCKET))
         return super().put(key, data, **kwargs)
 
 
@@ -270,7 +270,7 @@ def test_a_committed_step_is_not_replaced_by_a_newer_epoch(store: Store) -> None
 def test_a_step_committed_between_our_read_and_write_is_already(
     client: Any, sleeps: list[float]
 ) -> None:
-    plain = Store(client, BUCKET)
+    plain = S3Store(client, BUCKET)
     take_fence(plain, RUN, UID, 1)
     other = Committer(plain, RUN, CAS, 3, epoch=1, rank=1, ranks=2)
     _ready(other, 10)
@@ -298,7 +298,7 @@ def test_a_step_committed_between_our_read_and_write_is_already(
 def test_an_older_epoch_is_fenced(
     client: Any, sleeps: list[float], when: str, writes: list[str]
 ) -> None:
-    plain = Store(client, BUCKET)
+    plain = S3Store(client, BUCKET)
     if when != "before-the-create":
         take_fence(plain, RUN, UID, 1)
     racing = RacingStore(client, lambda s: [take_fence(s, RUN, UID, a) for a in (1, 2)])
@@ -323,7 +323,7 @@ def test_an_older_epoch_is_fenced(
 def test_a_concurrent_commit_is_not_lost(
     client: Any, sleeps: list[float], existing: list[int], first_write: str
 ) -> None:
-    plain = Store(client, BUCKET)
+    plain = S3Store(client, BUCKET)
     rival = Committer(plain, RUN, CAS, keep=10, epoch=1)
     for step in existing:
         _commit(rival, step)
@@ -352,7 +352,7 @@ def test_a_cas_that_always_loses_gives_up(
     with pytest.raises(StorageUnavailable, match="compare-and-swap"):
         c.try_commit(2)
     assert len(sleeps) == commit.CAS_ATTEMPTS
-    assert _steps(Store(store.client, BUCKET)) == [1]
+    assert _steps(S3Store(store.client, BUCKET)) == [1]
 
 
 @pytest.mark.parametrize("caps", [CAS, PLAIN], ids=["cas", "write-and-read-back"])
@@ -500,7 +500,7 @@ def test_an_existing_part(
 def test_abort_stale_uploads_takes_older_epochs_and_its_own(store: Store, client: Any) -> None:
     def upload(run: Location, prefix: str) -> tuple[str, str]:
         key = run.key(prefix, "model.bin")
-        return key, store.create_multipart(key, CRC64NVME.name, full_object=True)
+        return key, store.create_multipart(key, CRC64NVME)
 
     aborted = {
         upload(RUN, part_prefix(7, 1, 0)),

@@ -30,7 +30,7 @@ from trainingrun.commit import Capabilities, Committer, take_fence
 from trainingrun.committed import choose_checkpoint, read_run_manifest
 from trainingrun.protocol import Fenced
 from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Location, StorageRejected, Store
+from trainingrun.storage import Location, S3Store, StorageRejected, Store
 from trainingrun.sync import Sync, SyncSettings
 
 BUCKET = "ckpt"
@@ -41,7 +41,7 @@ UID = "0f3c-run"
 @pytest.fixture
 def store() -> Iterator[Store]:
     with moto_s3(BUCKET) as client:
-        yield Store(client, BUCKET)
+        yield S3Store(client, BUCKET)
 
 
 def _save(folder: Path, step: int, attempt: int) -> None:

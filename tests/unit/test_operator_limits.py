@@ -53,6 +53,7 @@ from trainingrun.storage import (
     PATIENT_BUDGET,
     Credentials,
     Location,
+    S3Store,
     StorageUnavailable,
     Store,
     TooLarge,
@@ -118,7 +119,7 @@ def test_get_reads_no_more_than_its_cap(
     data: bytes, told: int | None, asked: list[int], error: str | None
 ) -> None:
     client = OneObject(data, told)
-    store = Store(client, "b", max_get_bytes=16)
+    store = S3Store(client, "b", max_get_bytes=16)
 
     if error is None:
         assert store.get("k") == data
@@ -134,7 +135,7 @@ def test_a_run_manifest_over_the_store_cap_is_refused_unread() -> None:
     client = OneObject(b"", MAX_GET_BYTES + 1)
 
     with pytest.raises(ManifestTooLarge) as e:
-        read_run_manifest(Store(client, RUN.bucket), RUN)
+        read_run_manifest(S3Store(client, RUN.bucket), RUN)
 
     assert str(e.value).startswith(
         f"s3://bkt/runs/ml/r1/manifest.json is {MAX_GET_BYTES + 1} bytes, over the cap of "
@@ -147,7 +148,7 @@ def test_a_run_manifest_over_the_store_cap_is_refused_unread() -> None:
 def test_moto_object_over_the_cap_is_too_large() -> None:
     key = RUN.key(RUN_MANIFEST)
     with moto_s3(RUN.bucket) as client:
-        store = Store(client, RUN.bucket)
+        store = S3Store(client, RUN.bucket)
         client.put_object(Bucket=RUN.bucket, Key=key, Body=b" " * (MAX_GET_BYTES + 1))
         with pytest.raises(TooLarge, match=f"is {MAX_GET_BYTES + 1} bytes"):
             store.get(key)

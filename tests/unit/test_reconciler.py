@@ -382,7 +382,7 @@ def test_a_secret_that_exists_reaches_the_store_and_the_pod_starts() -> None:
     w.reconcile()
 
     assert w.kube.creates == ["r1-1"]
-    assert [c.access_key for _, c in w.bucket.opened if c] == ["id"]
+    assert [c["AWS_ACCESS_KEY_ID"] for _, c in w.bucket.opened if c] == ["id"]
 
 
 def test_two_reconcilers_in_one_process_start_no_thread() -> None:

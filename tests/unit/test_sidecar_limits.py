@@ -39,7 +39,7 @@ from trainingrun.committed import read_run_manifest
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 from trainingrun.parts import MAX_PARTS, ByteBudget, PartReader, plan_parts
 from trainingrun.stopsignal import StopRequest
-from trainingrun.storage import Location, StorageAccessDenied, StorageUnavailable, Store
+from trainingrun.storage import Location, S3Store, StorageAccessDenied, StorageUnavailable, Store
 from trainingrun.sync import Sync, SyncSettings
 from trainingrun.syncsupport import AccessDeniedWatch, Metrics
 from trainingrun.transfer import MiB, Progress, Transfer, TransferSettings
@@ -101,11 +101,11 @@ class CountingStore:
         self._parts = 0
         self._lock = threading.Lock()
 
-    def create_multipart(self, key: str, algorithm: str, full_object: bool) -> str:
+    def create_multipart(self, key: str, algo: Algorithm) -> str:
         return "upload-1"
 
     def upload_part(
-        self, key: str, upload_id: str, number: int, data: bytes, header: str, checksum: str
+        self, key: str, upload_id: str, number: int, data: bytes, algo: Algorithm, checksum: str
     ) -> dict[str, Any]:
         held = len(data)
         with self._lock:
@@ -117,7 +117,7 @@ class CountingStore:
         with self._lock:
             self.in_flight -= held
             self._parts -= 1
-        return {"PartNumber": number, "ETag": f'"{number}"', header: checksum}
+        return {"PartNumber": number, "ETag": f'"{number}"', algo.header: checksum}
 
     def complete_multipart(self, *args: Any) -> None:
         del args
@@ -168,7 +168,7 @@ def test_parts_larger_than_the_budget_allows_are_streamed_from_the_file(
     )
     path = _file(tmp_path / "model.bin", 30 * MiB)
     with moto_s3(BUCKET) as client:
-        transfer = Transfer(Store(client, BUCKET), settings)
+        transfer = Transfer(S3Store(client, BUCKET), settings)
         try:
             assert transfer.plan(30 * MiB).streamed
             sums = transfer.upload_files([(path, "k")], algo, Progress("t", 30 * MiB, 1))
@@ -320,7 +320,7 @@ def test_a_sigterm_recorded_before_the_loop_exists_reaches_it() -> None:
 @pytest.fixture
 def store() -> Iterator[Store]:
     with moto_s3(BUCKET) as client:
-        yield Store(client, BUCKET)
+        yield S3Store(client, BUCKET)
 
 
 @pytest.mark.timeout(60)  # without the request reaching the loop, it would never stop

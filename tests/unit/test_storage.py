@@ -54,10 +54,10 @@ from trainingrun.manifest import (
 from trainingrun.storage import (
     BucketNotFound,
     ChecksumMismatch,
-    Credentials,
     KeyNotFound,
     Location,
     PreconditionFailed,
+    S3Store,
     StorageAccessDenied,
     StorageError,
     StorageRejected,
@@ -388,7 +388,7 @@ def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
     ],
 )
 def test_errors_are_translated(err: Exception, kind: type[StorageError], words: str) -> None:
-    translated = Store(client=None, bucket="b")._translate(err, "k")
+    translated = S3Store(client=None, bucket="b")._translate(err, "k")
 
     assert type(translated) is kind
     assert words in str(translated)
@@ -424,7 +424,7 @@ def test_delete_reports_the_keys_it_could_not_delete(
     count: int, denied: set[str], error: str | None
 ) -> None:
     client = DeleteObjectsClient(denied)
-    store = Store(client=client, bucket="b")
+    store = S3Store(client=client, bucket="b")
     keys = [f"k{i}" for i in range(count)]
 
     if error is None:
@@ -440,7 +440,7 @@ def test_delete_reports_the_keys_it_could_not_delete(
 
 def test_an_unrelated_exception_is_not_swallowed() -> None:
     with pytest.raises(KeyError):
-        Store(client=None, bucket="b")._translate(KeyError("bug"), "k")
+        S3Store(client=None, bucket="b")._translate(KeyError("bug"), "k")
 
 
 def test_open_store_uses_the_specs_bucket_endpoint_and_region() -> None:
@@ -448,7 +448,7 @@ def test_open_store_uses_the_specs_bucket_endpoint_and_region() -> None:
         {"uri": "s3://ckpt/runs/", "endpoint": "http://s3.local:8333", "region": "eu-west-3"}
     )
 
-    store = open_store(spec, Credentials("AKIA", "s3cr3t"))
+    store = open_store(spec, {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s3cr3t"})
 
     assert store.bucket == "ckpt"
     assert store.client.meta.endpoint_url == "http://s3.local:8333"
@@ -468,7 +468,9 @@ def test_parse_uri(uri: str, bucket: str, prefix: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "uri", ["b/runs", "gs://b/x", "s3://", "s3:///x"], ids=["no-scheme", "gs", "empty", "no-bucket"]
+    "uri",
+    ["b/runs", "hdfs://b/x", "s3://", "s3:///x", "az://acct", "az:///c"],
+    ids=["no-scheme", "hdfs", "empty", "no-bucket", "az-no-container", "az-no-account"],
 )
 def test_parse_uri_refuses(uri: str) -> None:
     with pytest.raises(ValueError, match="storage uri"):

@@ -187,7 +187,7 @@ def test_a_run_named_like_a_run_folder_part_is_refused(name: str) -> None:
     [
         ("TRAININGRUN_ALLOWED_ENDPOINTS", "minio:9000"),
         ("TRAININGRUN_ALLOWED_ENDPOINTS", "http://x:99999"),
-        ("TRAININGRUN_ALLOWED_URIS", "gs://bucket"),
+        ("TRAININGRUN_ALLOWED_URIS", "hdfs://bucket"),
         ("TRAININGRUN_ALLOWED_URIS", "s3://"),
     ],
 )

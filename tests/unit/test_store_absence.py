@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import moto_s3
-from trainingrun.storage import BucketNotFound, NotFound, Store
+from trainingrun.storage import BucketNotFound, NotFound, S3Store
 
 # "bucket" in the bucket's name or in the key: a missing key must still read as a missing key.
 NAMED_BUCKET, PLAIN_BUCKET = "my-bucket", "ckpt"
@@ -43,7 +43,7 @@ def moto_client() -> Iterator[Any]:
 def test_a_missing_key_is_none_whatever_the_names(
     moto_client: Any, bucket: str, key: str, read: str
 ) -> None:
-    assert getattr(Store(moto_client, bucket), read)(key) is None
+    assert getattr(S3Store(moto_client, bucket), read)(key) is None
 
 
 @pytest.mark.parametrize("read", READS)
@@ -51,5 +51,5 @@ def test_a_missing_bucket_raises(moto_client: Any, read: str) -> None:
     # moto names the code even on HEAD; real S3 answers HEAD with a bare 404, which reads as a
     # missing key (no body to tell them apart).
     with pytest.raises(BucketNotFound, match="'no-such-bucket' does not exist") as raised:
-        getattr(Store(moto_client, "no-such-bucket"), read)(PLAIN_KEY)
+        getattr(S3Store(moto_client, "no-such-bucket"), read)(PLAIN_KEY)
     assert isinstance(raised.value, NotFound)  # what callers catch

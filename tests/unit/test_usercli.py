@@ -42,6 +42,7 @@ from trainingrun.storage import (
     Credentials,
     CredentialsSecretError,
     Location,
+    S3Store,
     Store,
     parse_uri,
 )
@@ -66,7 +67,7 @@ def opened(monkeypatch: pytest.MonkeyPatch) -> list[tuple[StorageSpec, Credentia
 
     def fake_open(storage: StorageSpec, credentials: Credentials | None) -> Store:
         calls.append((storage, credentials))
-        return Store(None, parse_uri(storage.uri).bucket)
+        return S3Store(None, parse_uri(storage.uri).bucket)
 
     monkeypatch.setattr(usercli, "open_store", fake_open)
     return calls
@@ -89,7 +90,12 @@ def test_run_store_is_where_the_operator_points_the_sidecar(
     assert location == parse_uri(env[contract.ENV_STORAGE_URI])
     assert location.prefix.endswith(f"{run.namespace}/r1")
     assert store.bucket == "ckpt-bucket"
-    assert opened == [(run.spec().checkpoint.storage, Credentials("AKIA", "s3cr3t"))]
+    assert opened == [
+        (
+            run.spec().checkpoint.storage,
+            {"AWS_ACCESS_KEY_ID": "AKIA", "AWS_SECRET_ACCESS_KEY": "s3cr3t"},
+        )
+    ]
 
 
 def test_run_store_without_its_secret_names_it(

@@ -155,18 +155,25 @@ def _env(name: str, value: str) -> dict[str, Any]:
 def storage_env(run: RunRef) -> list[dict[str, Any]]:
     """Environment that lets sync and restore reach the bucket; secrets by reference only."""
     storage = run.spec.checkpoint.storage
+    scheme = storage.uri.partition("://")[0]
     env = [_env(c.ENV_STORAGE_URI, run_prefix(run))]
     if storage.endpoint:
-        env.append(_env(c.ENV_AWS_ENDPOINT_URL, storage.endpoint))
+        name = c.ENV_AWS_ENDPOINT_URL if scheme == "s3" else c.ENV_STORAGE_ENDPOINT
+        env.append(_env(name, storage.endpoint))
     if storage.region:
         env.append(_env(c.ENV_AWS_REGION, storage.region))
     if storage.credentials_secret:
+        keys, all_needed = c.STORE_CREDENTIAL_KEYS[scheme]
+        # Keys of which any one will do are optional: the Secret holds the one the user has.
+        optional = {} if all_needed else {"optional": True}
         env.extend(
             {
                 "name": key,
-                "valueFrom": {"secretKeyRef": {"name": storage.credentials_secret, "key": key}},
+                "valueFrom": {
+                    "secretKeyRef": {"name": storage.credentials_secret, "key": key, **optional}
+                },
             }
-            for key in c.CREDENTIAL_KEYS
+            for key in keys
         )
     return env
 

@@ -8,6 +8,8 @@ checkpoints.
 - A custom endpoint without ``credentialsSecret``: the operator would sign with its own
   identity (its service account's cloud role) for a host the tenant chose. Refused, unless the
   admin lists that endpoint (an AWS PrivateLink endpoint used with the pods' own identity).
+  gs:// is the exception: without a Secret its calls to a custom endpoint (an emulator, a
+  public bucket's mirror) go unsigned, so nothing of the operator's can leak.
 - The run's folder ``<uri>/<namespace>/<run>`` must not lie inside another run's checkpoint
   folder: a path part ``checkpoints`` (where every run keeps its checkpoints), ``manifest.json``,
   or an empty, ``.`` or ``..`` part is refused. Otherwise one run's retention could delete
@@ -24,6 +26,10 @@ from trainingrun.decide import reasons as R
 from trainingrun.manifest import CHECKPOINTS_DIR, RUN_MANIFEST
 
 AWS = "aws"  # in the endpoint allowlist: AWS S3 itself (no endpoint)
+# Each scheme's own service (no endpoint), as the endpoint allowlist names it.
+CLOUD = {"s3": AWS, "gs": "gcs", "az": "azure"}
+CLOUD_NAMES = {AWS: "AWS S3", "gcs": "Google Cloud Storage", "azure": "Azure Blob Storage"}
+SCHEMES = ("s3://", "gs://", "az://")
 NAMESPACE = "{namespace}"
 RESERVED_PARTS = frozenset({CHECKPOINTS_DIR, RUN_MANIFEST, "", ".", ".."})
 
@@ -51,8 +57,8 @@ def normal_endpoint(url: str) -> str | None:
 
 def bad_allowlist_entries(endpoints: tuple[str, ...], uris: tuple[str, ...]) -> list[str]:
     """The entries of the allowlists that can never match: the operator refuses to start."""
-    bad = [e for e in endpoints if e != AWS and normal_endpoint(e) is None]
-    return bad + [u for u in uris if not u.startswith("s3://") or len(u) <= len("s3://")]
+    bad = [e for e in endpoints if e not in CLOUD_NAMES and normal_endpoint(e) is None]
+    return bad + [u for u in uris if not u.startswith(SCHEMES) or len(u) <= len("s3://")]
 
 
 def _under(path: str, prefix: str) -> bool:
@@ -69,8 +75,9 @@ def refusal(
     allowed_uris: tuple[str, ...] = (),
 ) -> Refusal | None:
     """Why the run may not use ``storage``, None when it may."""
-    listed = {AWS if e == AWS else normal_endpoint(e) for e in allowed_endpoints}
-    endpoint = normal_endpoint(storage.endpoint) if storage.endpoint else AWS
+    scheme = storage.uri.partition("://")[0]
+    listed = {e if e in CLOUD_NAMES else normal_endpoint(e) for e in allowed_endpoints}
+    endpoint = normal_endpoint(storage.endpoint) if storage.endpoint else CLOUD[scheme]
     if endpoint is None:
         return Refusal(
             R.INVALID_SPEC,
@@ -78,14 +85,20 @@ def refusal(
             "host and a port from 1 to 65535",
         )
     if allowed_endpoints and endpoint not in listed:
-        shown = endpoint if endpoint != AWS else "AWS S3 (no endpoint)"
+        shown = f"{CLOUD_NAMES[endpoint]} (no endpoint)" if endpoint in CLOUD_NAMES else endpoint
         return Refusal(
             R.STORAGE_NOT_ALLOWED,
             f"spec.checkpoint.storage.endpoint: {shown} is not one of the endpoints the "
             f"operator's administrator allows ({', '.join(allowed_endpoints)}); use one of them "
             "or ask the administrator to add it (TRAININGRUN_ALLOWED_ENDPOINTS)",
         )
-    if storage.endpoint and not storage.credentials_secret and endpoint not in listed:
+    unsigned = scheme == "gs"  # see the module's docstring
+    if (
+        storage.endpoint
+        and not storage.credentials_secret
+        and not unsigned
+        and endpoint not in listed
+    ):
         return Refusal(
             R.STORAGE_NOT_ALLOWED,
             f"spec.checkpoint.storage.endpoint {endpoint} is set without credentialsSecret: the "
@@ -100,7 +113,9 @@ def refusal(
             f"spec.checkpoint.storage.uri {uri} is not under a base path the operator's "
             f"administrator allows ({', '.join(bases)}); choose a uri under one of them",
         )
-    folder = [*uri.removeprefix("s3://").split("/", 1)[1:], namespace, name]
+    # The parts after the bucket (Azure: after the account and the container).
+    after = 2 if scheme == "az" else 1
+    folder = [*uri.split("://", 1)[1].split("/", after)[after:], namespace, name]
     parts = "/".join(folder).split("/")
     taken = sorted({p for p in parts if p in RESERVED_PARTS}, key=str)
     if taken:

@@ -1,0 +1,357 @@
+"""The S3 store (boto3): AWS S3 and the S3-compatible stores (MinIO, Ceph, SeaweedFS, GCS
+interoperability). ``S3Store._translate`` decides in one place what 404, 412, 429 and 5xx mean
+(``storebase`` lists the errors every store raises):
+
+- 404 / NoSuchKey: ``None`` from the reads; NoSuchBucket: ``BucketNotFound``.
+- 412 PreconditionFailed: ``PreconditionFailed`` (a create-only or compare-and-swap lost).
+- 429, 5xx, timeouts, connection errors: retried by botocore with jittered backoff within the
+  client's ``CallBudget``, then ``StorageUnavailable``.
+- 403 / credentials: ``StorageAccessDenied`` naming the IAM actions and the fix.
+- 400 BadDigest: ``ChecksumMismatch`` (bytes changed on the way); other 4xx: ``StorageRejected``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import boto3
+import botocore.exceptions
+from botocore.config import Config
+
+from trainingrun.checksum import Algorithm
+from trainingrun.storebase import (
+    MAX_GET_BYTES,
+    PATIENT_BUDGET,
+    BucketNotFound,
+    CallBudget,
+    ChecksumMismatch,
+    KeyNotFound,
+    Location,
+    NotFound,
+    PreconditionFailed,
+    StorageAccessDenied,
+    StorageError,
+    StorageMisconfigured,
+    StorageRejected,
+    StorageUnavailable,
+    TooLarge,
+)
+
+
+@dataclass(frozen=True)
+class Credentials:
+    access_key: str
+    secret_key: str
+
+    def __repr__(self) -> str:  # never print the secret
+        return "Credentials(access_key=***, secret_key=***)"
+
+
+def make_client(
+    endpoint: str | None = None,
+    region: str | None = None,
+    credentials: Credentials | None = None,
+    max_pool_connections: int = 16,
+    budget: CallBudget = PATIENT_BUDGET,
+) -> Any:
+    """A boto3 S3 client. Without ``credentials`` the standard AWS chain applies (env, web
+    identity / IRSA, instance profile), refreshing as they expire."""
+    config = Config(
+        retries={"mode": budget.retry_mode, "total_max_attempts": budget.attempts},
+        connect_timeout=budget.connect_timeout,
+        read_timeout=budget.read_timeout,
+        max_pool_connections=max_pool_connections,
+        # boto3 >= 1.36 adds CRC checksums to every request by default; several S3-compatible
+        # stores reject them. Send them only where the API requires them; callers that want a
+        # checksum ask for one explicitly.
+        # botocore's own AWS_REQUEST_CHECKSUM_CALCULATION / AWS_RESPONSE_CHECKSUM_VALIDATION
+        # variables still win when set.
+        request_checksum_calculation=(
+            None if "AWS_REQUEST_CHECKSUM_CALCULATION" in os.environ else "when_required"
+        ),
+        response_checksum_validation=(
+            None if "AWS_RESPONSE_CHECKSUM_VALIDATION" in os.environ else "when_required"
+        ),
+        s3={"addressing_style": "path"} if endpoint else None,
+    )
+    kwargs: dict[str, Any] = {"config": config}
+    if endpoint:
+        kwargs["endpoint_url"] = endpoint
+    if region:
+        kwargs["region_name"] = region
+    if credentials:
+        kwargs["aws_access_key_id"] = credentials.access_key
+        kwargs["aws_secret_access_key"] = credentials.secret_key
+    return boto3.client("s3", **kwargs)
+
+
+def open_s3(
+    location: Location,
+    endpoint: str | None,
+    region: str | None,
+    credentials: Credentials | None,
+    budget: CallBudget,
+    pool: int,
+) -> S3Store:
+    """The S3 store of ``location``'s bucket. Raises StorageMisconfigured."""
+    try:
+        client = make_client(endpoint, region, credentials, pool, budget)
+    except (ValueError, botocore.exceptions.BotoCoreError) as e:  # it names the value, not keys
+        raise StorageMisconfigured(
+            f"spec.checkpoint.storage: no S3 client can be made of it ({type(e).__name__}: {e})"
+        ) from None
+    return S3Store(client, location.bucket)
+
+
+class S3Store:
+    """S3 calls for one bucket (``storebase.Store`` says what each one does)."""
+
+    scheme = "s3"
+
+    def __init__(self, client: Any, bucket: str, max_get_bytes: int = MAX_GET_BYTES) -> None:
+        self.client = client
+        self.bucket = bucket
+        self.max_get_bytes = max_get_bytes
+
+    def url(self, key: str) -> str:
+        return f"s3://{self.bucket}/{key}"
+
+    def _translate(self, err: Exception, key: str) -> StorageError:
+        where = self.url(key)
+        if isinstance(err, botocore.exceptions.ClientError):
+            status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
+            code = str(err.response.get("Error", {}).get("Code", ""))
+            if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
+                if code == "NoSuchBucket":
+                    return BucketNotFound(f"bucket {self.bucket!r} does not exist: create it first")
+                return KeyNotFound(f"{where} does not exist")
+            if status == 412 or code == "PreconditionFailed":
+                return PreconditionFailed(f"{where}: condition not met")
+            if status == 403 or code in (
+                "AccessDenied",
+                "InvalidAccessKeyId",
+                "SignatureDoesNotMatch",
+            ):
+                return StorageAccessDenied(
+                    f"{where}: access denied ({code}); check the credentials Secret or the "
+                    "role's bucket policy: s3:ListBucket, s3:ListBucketMultipartUploads on the "
+                    "bucket; s3:GetObject, s3:PutObject, s3:DeleteObject, "
+                    "s3:AbortMultipartUpload on the prefix (docs/storage.md#bucket-permissions)"
+                )
+            if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
+                return ChecksumMismatch(f"{where}: the endpoint found a checksum mismatch ({code})")
+            if 400 <= status < 500 and status not in (408, 429):
+                return StorageRejected(f"{where}: the endpoint refused the request ({code})")
+            return StorageUnavailable(f"{where}: {code or status}")
+        if isinstance(err, botocore.exceptions.NoCredentialsError):
+            return StorageAccessDenied(
+                f"{where}: no credentials found; set spec.checkpoint.storage.credentialsSecret "
+                "or give the pod an identity (IRSA, Workload Identity)"
+            )
+        if isinstance(err, (botocore.exceptions.BotoCoreError, OSError)):
+            return StorageUnavailable(f"{where}: {err}")
+        raise err
+
+    def get(self, key: str) -> bytes | None:
+        got = self._get(key)
+        return got[0] if got is not None else None
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        got = self._get(key)
+        return (got[0], str(got[1]["ETag"])) if got is not None else None
+
+    def _get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key)
+            return self._capped(resp, key), resp
+        except TooLarge:
+            raise
+        except Exception as e:
+            err = self._translate(e, key)
+            if isinstance(err, KeyNotFound):
+                return None
+            raise err from e
+
+    def _capped(self, resp: dict[str, Any], key: str) -> bytes:
+        """The body of a GET, refused unread when its length is over the cap, and read no
+        further than one byte past it when the endpoint did not tell the length (or lied)."""
+        body, cap = resp["Body"], self.max_get_bytes
+        told = resp.get("ContentLength")
+        if told is not None and int(told) > cap:
+            body.close()  # the connection is dropped rather than drained
+            raise TooLarge(self.url(key), int(told), cap)
+        data: bytes = body.read(cap + 1)
+        if len(data) > cap:
+            body.close()
+            raise TooLarge(self.url(key), None, cap)
+        return data
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        content_type: str = "application/json",
+    ) -> str:
+        """Writes ``data``; create-only with ``if_none_match``, compare-and-swap with
+        ``if_match``. Returns the new ETag."""
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "Body": data,
+            "ContentType": content_type,
+        }
+        if if_none_match:
+            kwargs["IfNoneMatch"] = "*"
+        if if_match:
+            kwargs["IfMatch"] = if_match
+        try:
+            return str(self.client.put_object(**kwargs)["ETag"])
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def head(self, key: str, algo: Algorithm | None = None) -> tuple[int, str | None] | None:
+        """(size, stored checksum in ``algo`` if the endpoint returns it), or None when the
+        object does not exist."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key}
+        checksum_header = algo.header if algo else None
+        if checksum_header:
+            kwargs["ChecksumMode"] = "ENABLED"
+        try:
+            resp = self.client.head_object(**kwargs)
+        except Exception as e:
+            err = self._translate(e, key)
+            if isinstance(err, KeyNotFound):
+                return None
+            raise err from e
+        checksum = resp.get(checksum_header) if checksum_header else None
+        if checksum and resp.get("ChecksumType") == "COMPOSITE":
+            checksum = None  # a checksum of part checksums, not of the object
+        return int(resp["ContentLength"]), checksum
+
+    def put_checked(self, key: str, data: bytes, algo: Algorithm, checksum: str) -> None:
+        """Writes ``data`` with its full-object checksum; the endpoint rejects a mismatch."""
+        try:
+            self.client.put_object(
+                Bucket=self.bucket, Key=key, Body=data, **{algo.header: checksum}
+            )
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def create_multipart(self, key: str, algo: Algorithm) -> str:
+        """An upload whose parts carry ``algo``; a combinable one makes the whole object's
+        checksum the endpoint checks at completion (FULL_OBJECT)."""
+        kwargs: dict[str, Any] = {"Bucket": self.bucket, "Key": key, "ChecksumAlgorithm": algo.name}
+        if algo.combinable:
+            kwargs["ChecksumType"] = "FULL_OBJECT"
+        try:
+            return str(self.client.create_multipart_upload(**kwargs)["UploadId"])
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def upload_part(
+        self,
+        key: str,
+        upload_id: str,
+        number: int,
+        data: bytes,
+        algo: Algorithm,
+        checksum: str,
+    ) -> dict[str, Any]:
+        """One part, checked by the endpoint against ``checksum``; returns its completion entry."""
+        try:
+            resp = self.client.upload_part(
+                Bucket=self.bucket,
+                Key=key,
+                UploadId=upload_id,
+                PartNumber=number,
+                Body=data,
+                **{algo.header: checksum},
+            )
+        except Exception as e:
+            raise self._translate(e, key) from e
+        return {"PartNumber": number, "ETag": resp["ETag"], algo.header: checksum}
+
+    def complete_multipart(
+        self,
+        key: str,
+        upload_id: str,
+        parts: list[Any],
+        algo: Algorithm,
+        full: str | None,
+    ) -> None:
+        """Completes the upload; with ``full`` the endpoint checks the whole object."""
+        kwargs: dict[str, Any] = {
+            "Bucket": self.bucket,
+            "Key": key,
+            "UploadId": upload_id,
+            "MultipartUpload": {"Parts": parts},
+        }
+        if full:
+            kwargs[algo.header] = full
+            kwargs["ChecksumType"] = "FULL_OBJECT"
+        try:
+            self.client.complete_multipart_upload(**kwargs)
+        except Exception as e:
+            raise self._translate(e, key) from e
+
+    def abort_multipart(self, key: str, upload_id: str) -> None:
+        try:
+            self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
+        except Exception as e:
+            err = self._translate(e, key)
+            if not isinstance(err, NotFound):
+                raise err from e
+
+    def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
+        try:
+            resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+        except Exception as e:
+            raise self._translate(e, prefix) from e
+        return [(str(u["Key"]), str(u["UploadId"])) for u in resp.get("Uploads") or []]
+
+    def read_range(
+        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
+    ) -> int:
+        """Streams bytes ``start``..``end`` inclusive of an object into ``sink`` in blocks of
+        ``chunk``; returns how many bytes came."""
+        done = 0
+        try:
+            resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
+            for block in resp["Body"].iter_chunks(chunk):
+                sink(block)
+                done += len(block)
+        except Exception as e:
+            raise self._translate(e, key) from e
+        return done
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object under ``prefix``."""
+        paginator = self.client.get_paginator("list_objects_v2")
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
+                for obj in page.get("Contents") or []:
+                    yield str(obj["Key"]), int(obj["Size"])
+        except Exception as e:
+            raise self._translate(e, prefix) from e
+
+    def delete(self, keys: list[str]) -> None:
+        for i in range(0, len(keys), 1000):
+            chunk = [{"Key": k} for k in keys[i : i + 1000]]
+            try:
+                out = self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": chunk})
+            except Exception as e:
+                raise self._translate(e, keys[i]) from e
+            # DeleteObjects answers 200 and lists the keys it could not delete.
+            errors = out.get("Errors") or []
+            if errors:
+                first = errors[0]
+                raise StorageError(
+                    f"{self.url(str(first.get('Key')))}: {len(errors)} of {len(chunk)} "
+                    f"objects not deleted ({first.get('Code')}: {first.get('Message')})"
+                )

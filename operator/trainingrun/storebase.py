@@ -1,0 +1,212 @@
+"""What every object store gives the commit protocol, the transfer and the agents: the ``Store``
+interface, the errors it raises, where a run lives (``Location``) and how long a call may take
+(``CallBudget``). The stores themselves: ``s3store`` (boto3), ``gcsstore``
+(google-cloud-storage) and ``azurestore`` (azure-storage-blob); ``storage.open_store`` picks one
+by the uri's scheme.
+
+Every store decides in one place what its service's answers mean:
+
+- not found: ``None`` from the reads (``KeyNotFound`` where absence is an error); a missing
+  bucket or container: ``BucketNotFound``, raised by the reads too (a set-up error).
+- a create-only or compare-and-swap write that lost: ``PreconditionFailed``.
+- throttling, 5xx, timeouts, connection errors: retried with backoff within the ``CallBudget``,
+  then ``StorageUnavailable``.
+- denied or no credentials: ``StorageAccessDenied`` naming the store's own permission names.
+- a checksum the service found wrong: ``ChecksumMismatch``; other refusals: ``StorageRejected``.
+- a ``get`` past ``max_get_bytes``: ``TooLarge``, with no more than that many bytes read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from trainingrun.checksum import Algorithm
+
+SCHEMES = ("s3", "gs", "az")
+
+
+class StorageError(Exception):
+    """A storage failure; the message names the bucket or key and what to do."""
+
+
+class StorageUnavailable(StorageError):
+    """The endpoint did not answer or kept answering 429/5xx; retrying later may work."""
+
+
+class StorageAccessDenied(StorageError):
+    """Credentials missing or not allowed; retrying will not help."""
+
+
+class PreconditionFailed(StorageError):
+    """A conditional write lost (create-only, or compare-and-swap on a version)."""
+
+
+class ChecksumMismatch(StorageError):
+    """The endpoint received bytes that do not match the checksum sent with them."""
+
+
+class StorageRejected(StorageError):
+    """The request itself is wrong for this endpoint (a 4xx other than the above)."""
+
+
+class TooLarge(StorageError):
+    """An object is larger than the reader takes; ``size`` is None when the endpoint did not
+    say (the read stopped at ``cap`` + 1 bytes)."""
+
+    def __init__(self, where: str, size: int | None, cap: int) -> None:
+        told = f"is {size} bytes" if size is not None else "is larger"
+        super().__init__(f"{where} {told}, over the {cap} bytes this read takes")
+        self.size = size
+        self.cap = cap
+
+
+class NotFound(StorageError):
+    """The bucket or key does not exist."""
+
+
+class BucketNotFound(NotFound):
+    """The bucket (GCS, S3) or container (Azure) does not exist."""
+
+
+class KeyNotFound(NotFound):
+    """The key does not exist."""
+
+
+class StorageMisconfigured(Exception):
+    """No client can be made of the run's endpoint, region and credentials: they must change."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A run's place in a store: ``bucket`` is the S3 or GCS bucket or the Azure container,
+    ``account`` the Azure storage account ("" elsewhere)."""
+
+    bucket: str
+    prefix: str  # without leading or trailing '/'
+    scheme: str = "s3"
+    account: str = ""
+
+    def key(self, *parts: str) -> str:
+        return "/".join(p.strip("/") for p in (self.prefix, *parts) if p.strip("/"))
+
+    def relative(self, key: str) -> str:
+        """``key`` relative to the prefix (the inverse of ``key``)."""
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
+    @property
+    def root(self) -> str:
+        """The uri of the bucket (container), without the prefix."""
+        if self.scheme == "az":
+            return f"az://{self.account}/{self.bucket}"
+        return f"{self.scheme}://{self.bucket}"
+
+
+@dataclass(frozen=True)
+class CallBudget:
+    """How long one call may take: ``attempts`` (the first one included) times the timeouts,
+    plus jittered backoff between them. The read timeout bounds each wait for bytes."""
+
+    attempts: int
+    connect_timeout: float
+    read_timeout: float
+    retry_mode: Literal["standard", "adaptive"] = "standard"
+
+    @property
+    def deadline(self) -> float:
+        """Seconds a call and its retries may take at most, backoff included (for SDKs that
+        bound retries by time rather than count)."""
+        return self.attempts * (self.connect_timeout + self.read_timeout) + 2.0 * self.attempts
+
+
+# The sync sidecar, the restore and the user commands: one caller, one endpoint; riding out a
+# throttling or failing-over endpoint (8 retries, ~9 minutes at worst) beats failing a checkpoint.
+PATIENT_BUDGET = CallBudget(attempts=9, connect_timeout=5, read_timeout=60, retry_mode="adaptive")
+# The operator: a handful of workers serve every run of every tenant, so a call to an endpoint
+# that does not answer gives up within ~20 s (~30 s at worst) and the pass is retried later.
+# "standard", not "adaptive": adaptive's client-side rate limiter can sleep in the worker.
+OPERATOR_BUDGET = CallBudget(attempts=2, connect_timeout=5, read_timeout=10)
+# ``get`` reads JSON records, the manifests (trainingrun.manifest caps them at 4 and 8 MiB);
+# a larger object there is not one, and is refused before it is loaded.
+MAX_GET_BYTES = 8 << 20
+
+
+class Store(Protocol):
+    """The calls of one bucket (container) the protocol, the transfer and the agents make.
+
+    A version (``get_with_etag``, ``put``'s result, ``if_match``) is the store's own token: the
+    S3 or Azure ETag, the GCS generation. Multipart uploads are S3 multipart uploads, GCS
+    composed part objects, Azure staged blocks; a part's entry is the store's own and goes back
+    to ``complete_multipart`` unchanged."""
+
+    scheme: str
+    bucket: str
+    max_get_bytes: int
+
+    def url(self, key: str) -> str:
+        """``key`` as the user names it: s3://bucket/key, gs://bucket/key, az://acct/cont/key."""
+        ...
+
+    def get(self, key: str) -> bytes | None: ...
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None: ...
+
+    def put(
+        self,
+        key: str,
+        data: bytes,
+        *,
+        if_none_match: bool = False,
+        if_match: str | None = None,
+        content_type: str = "application/json",
+    ) -> str:
+        """Writes ``data``; create-only with ``if_none_match``, compare-and-swap with
+        ``if_match`` (a version). Returns the new version."""
+        ...
+
+    def head(self, key: str, algo: Algorithm | None = None) -> tuple[int, str | None] | None:
+        """(size, the stored full-object checksum in ``algo`` where the store keeps one and
+        returns it, encoded as ``checksum.Algorithm.encode``), or None when there is none."""
+        ...
+
+    def put_checked(self, key: str, data: bytes, algo: Algorithm, checksum: str) -> None:
+        """Writes ``data`` with its checksum, which the store checks; ``StorageRejected`` when
+        the store does not take ``algo``."""
+        ...
+
+    def create_multipart(self, key: str, algo: Algorithm) -> str: ...
+
+    def upload_part(
+        self, key: str, upload_id: str, number: int, data: bytes, algo: Algorithm, checksum: str
+    ) -> Any:
+        """One part (numbered from 1; ``data`` may be a seekable file-like object of the part's
+        length), checked by the store against ``checksum``; returns its completion entry."""
+        ...
+
+    def complete_multipart(
+        self, key: str, upload_id: str, parts: list[Any], algo: Algorithm, full: str | None
+    ) -> None:
+        """Completes the upload; with ``full`` (a combinable algorithm's checksum of the whole
+        object) the store checks the whole object where it can."""
+        ...
+
+    def abort_multipart(self, key: str, upload_id: str) -> None: ...
+
+    def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
+        """(key, upload id) of unfinished multipart uploads under ``prefix``."""
+        ...
+
+    def read_range(
+        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
+    ) -> int:
+        """Streams bytes ``start``..``end`` inclusive into ``sink``; returns how many came."""
+        ...
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        """(key, size) of every object under ``prefix``."""
+        ...
+
+    def delete(self, keys: list[str]) -> None:
+        """Deletes ``keys``; a key already gone is no error."""
+        ...
