@@ -22,6 +22,9 @@ from kubernetes.client.rest import ApiException
 
 from tests import kueue as kueue_mod
 from tests import localenv as localenv_mod
+from tests.azurite import Azurite
+from tests.fakegcs import FakeGcs
+from tests.integration.stores import Bucket
 from tests.integration.support import OperatorProcess, Runs, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +49,32 @@ def localenv() -> Iterator[localenv_mod.LocalEnv]:
     yield env
     if started_here and not os.environ.get("TRAININGRUN_KEEP_ENV"):
         localenv_mod.down()
+
+
+@pytest.fixture(scope="session")
+def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
+    """fake-gcs-server on loopback, for the session (its objects are in memory)."""
+    with FakeGcs(tmp_path_factory.mktemp("fake-gcs")) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
+    """Azurite's blob service on loopback, for the session (its blobs are in memory)."""
+    with Azurite(tmp_path_factory.mktemp("azurite"), debug=False) as server:
+        yield server
+
+
+@pytest.fixture(params=["s3", "gs", "az"])
+def bucket(request: pytest.FixtureRequest, localenv: localenv_mod.LocalEnv) -> Bucket:
+    """The bucket of each store in turn: SeaweedFS, fake-gcs-server, Azurite."""
+    if request.param == "gs":
+        gcs: FakeGcs = request.getfixturevalue("fake_gcs")
+        return Bucket.fake_gcs(gcs.endpoint, gcs.bucket)
+    if request.param == "az":
+        az: Azurite = request.getfixturevalue("azurite")
+        return Bucket.azurite(az.endpoint, az.account, az.container, az.key)
+    return Bucket.seaweedfs(localenv)
 
 
 @pytest.fixture(scope="session")

@@ -177,7 +177,17 @@ def _serve_metrics(env: Mapping[str, str], registry: Any) -> None:
 
 # Client libraries whose DEBUG output holds whole requests and responses (a Secret's data, the
 # signed headers of every S3 call, every manifest): at WARNING even with --verbose.
-QUIET_LOGGERS = ("kubernetes", "urllib3", "botocore", "boto3", "s3transfer")
+# The cloud SDKs log every request (azure.core at INFO, urllib3 at DEBUG with SAS signatures).
+QUIET_LOGGERS = (
+    "kubernetes",
+    "urllib3",
+    "botocore",
+    "boto3",
+    "s3transfer",
+    "azure",
+    "google",
+    "google_auth_httplib2",
+)
 
 
 def _logging(verbose: bool) -> None:

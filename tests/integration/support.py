@@ -33,6 +33,7 @@ from trainingrun.manifest import (
     checkpoint_prefix,
     parse_run_manifest,
 )
+from trainingrun.storage import S3Store, Store
 
 T = TypeVar("T")
 
@@ -313,12 +314,17 @@ def container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
 def commit_checkpoint(
     s3: Any, bucket: str, run_key: str, step: int, files: dict[str, bytes]
 ) -> None:
+    """``commit_checkpoint_to`` the S3 bucket of the boto3 client ``s3``."""
+    commit_checkpoint_to(S3Store(s3, bucket), run_key, step, files)
+
+
+def commit_checkpoint_to(store: Store, run_key: str, step: int, files: dict[str, bytes]) -> None:
     """Commits a checkpoint in the version-1 layout (``checkpoint-<step>/`` with its files),
     as a run begun before the upgrade has them: objects, MANIFEST.json, manifest.json."""
     prefix = f"{run_key}/{checkpoint_prefix(step)}"
     entries = []
     for path, data in files.items():
-        s3.put_object(Bucket=bucket, Key=prefix + path, Body=data)
+        store.put(prefix + path, data, content_type="application/octet-stream")
         digest = base64.b64encode(hashlib.sha256(data).digest()).decode()
         # Not validated: a test may plant names the sidecar would never commit.
         entries.append(
@@ -328,18 +334,9 @@ def commit_checkpoint(
         )
     now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
     ckpt = CheckpointManifest(version=MANIFEST_VERSION, step=step, files=entries, created=now)
-    s3.put_object(
-        Bucket=bucket,
-        Key=prefix + CHECKPOINT_MANIFEST,
-        Body=ckpt.model_dump_json().encode(),
-        IfNoneMatch="*",
-    )
-    try:
-        current = parse_run_manifest(
-            s3.get_object(Bucket=bucket, Key=f"{run_key}/{RUN_MANIFEST}")["Body"].read()
-        )
-    except s3.exceptions.NoSuchKey:
-        current = RunManifest()
+    store.put(prefix + CHECKPOINT_MANIFEST, ckpt.model_dump_json().encode(), if_none_match=True)
+    body = store.get(f"{run_key}/{RUN_MANIFEST}")
+    current = parse_run_manifest(body) if body is not None else RunManifest()
     entry = ManifestEntry(
         step=step,
         prefix=checkpoint_prefix(step),
@@ -349,7 +346,7 @@ def commit_checkpoint(
     )
     # The fence the operator took stays: only the entries change.
     manifest = current.model_copy(update={"entries": [*current.entries, entry]})
-    s3.put_object(Bucket=bucket, Key=f"{run_key}/{RUN_MANIFEST}", Body=manifest.to_json())
+    store.put(f"{run_key}/{RUN_MANIFEST}", manifest.to_json())
 
 
 def pid_alive(pid: int) -> bool:

@@ -5,10 +5,8 @@ restore`` processes against SeaweedFS.
   with a rank's part missing stays uncommitted; once both ranks of one attempt wrote theirs,
   the step is committed once, the older attempt's leftover part is swept, and a restore puts
   both ranks' files in one folder, bit for bit.
-- Upgrade: a bucket written by the version-1 protocol (``checkpoint-<step>/`` with its files,
-  manifest version 1) is upgraded in place when the operator takes the fence; the restore
-  resumes from the version-1 checkpoint, a version-2 sidecar commits after it, and retention
-  later deletes the version-1 files.
+
+The upgrade of a version-1 bucket runs on every store in test_stores.py.
 """
 
 from __future__ import annotations
@@ -26,7 +24,7 @@ from tests.integration.agents import (
     wait_committed,
     wait_log,
 )
-from tests.integration.support import commit_checkpoint, wait_for
+from tests.integration.support import wait_for
 from trainingrun.commit import take_fence
 from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
 
@@ -127,48 +125,6 @@ def test_parts_of_two_attempts_never_commit_together(
         src = tmp_path / f"e{epoch2}r{rank}" / "checkpoint-10" / f"shard-{rank}.bin"
         assert (folder / f"shard-{rank}.bin").read_bytes() == src.read_bytes()
     assert json.loads((folder / "config.json").read_text()) == {"epoch": epoch2}
-
-
-def test_a_version_1_bucket_resumes_under_version_2(
-    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
-) -> None:
-    uri = f"s3://{agent_s3.bucket}/{run_key}"
-    client = agent_s3.client()
-    weights = bytes(range(256)) * 4096
-    commit_checkpoint(client, agent_s3.bucket, run_key, 20, {"model.safetensors": weights})
-    v1 = _manifest(agent_s3, run_key)
-    v1_body = {"version": 1, "entries": v1["entries"], "latest": 20}
-    for entry in v1_body["entries"]:
-        for field in ("epoch", "attempt", "ranks"):
-            entry.pop(field, None)
-    client.put_object(
-        Bucket=agent_s3.bucket, Key=f"{run_key}/manifest.json", Body=json.dumps(v1_body).encode()
-    )
-
-    # The operator takes the fence for the next attempt: the manifest becomes version 2.
-    manifest, epoch = take_fence(_store(agent_s3), Location(agent_s3.bucket, run_key), "uid", 3)
-    assert (manifest.version, manifest.fence, [e.step for e in manifest.entries]) == (2, 1, [20])
-    upgraded = _manifest(agent_s3, run_key)
-    assert (upgraded["version"], upgraded["entries"][0]["epoch"]) == (2, 0)
-
-    restored = tmp_path / "restored"
-    result = run_restore(agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP="20"))
-    assert result.returncode == 0, result.stderr
-    assert (restored / "checkpoint-20" / "model.safetensors").read_bytes() == weights
-
-    ckdir = tmp_path / "ck"
-    make_checkpoint(ckdir, 30, {"model.safetensors": MiB})
-    env = agent_env(agent_s3, uri, ckdir, TRAININGRUN_EPOCH=str(epoch), TRAININGRUN_KEEP="1")
-    proc = SyncProcess(env, tmp_path / "sync.log")
-    syncs.append(proc)
-    after = wait_committed(client, agent_s3.bucket, run_key, 30, timeout=60)
-    assert [(e["step"], e["epoch"]) for e in after["entries"]] == [(30, epoch)]
-    wait_for(
-        lambda: not _keys(agent_s3, f"{run_key}/checkpoints/checkpoint-20/"),
-        30,
-        "the version-1 checkpoint's files deleted by retention",
-    )
-    assert proc.terminate() == 0
 
 
 def test_a_stale_writer_uploading_across_the_fence_move_commits_nothing(

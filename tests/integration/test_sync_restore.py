@@ -1,18 +1,16 @@
 """``trainingrun sync`` and ``trainingrun restore`` as real processes against SeaweedFS.
 
 Covers: a checkpoint committed and restored bit for bit; completion by marker and by quiet
-period, non-checkpoints ignored; retention; SIGKILL mid-upload never commits anything partial
-and the restarted sync commits; the endpoint down for 30 s during an upload; a file that changes
-while uploading; an object corrupted after commit (restore exits 3 naming it); two writers of
-manifest.json at once; a name escaping the folder; a malformed or future manifest left untouched;
-SIGTERM drains the newest checkpoint; a preemption notice becomes a save request; wrong
-credentials and a missing bucket give clear errors.
+period, non-checkpoints ignored; retention; the endpoint down for 30 s during an upload; a file
+that changes while uploading; a name escaping the folder; a malformed or future manifest left
+untouched; SIGTERM drains the newest checkpoint; a preemption notice becomes a save request; wrong
+credentials and a missing bucket give clear errors. The cases every store runs (SIGKILL
+mid-upload, two writers, a corrupted object) are in test_stores.py.
 """
 
 from __future__ import annotations
 
 import json
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -35,11 +33,7 @@ from tests.integration.agents import (
 from tests.integration.support import wait_for
 from tests.localenv import free_ports
 from trainingrun import local
-from trainingrun.checksum import CRC64NVME
-from trainingrun.commit import Capabilities, Committer
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
-from trainingrun.manifest import MANIFEST_VERSION, CheckpointManifest
-from trainingrun.storage import Credentials, Location, S3Store, make_client
 
 MiB = 1 << 20
 HF_LIKE = {
@@ -170,35 +164,6 @@ def test_retention_keeps_newest_and_deletes_dropped_objects(
     assert keys_under(client, agent_s3.bucket, f"{run_key}/checkpoints/checkpoint-20/")
 
 
-def test_sigkill_mid_upload_commits_nothing_partial_then_restart_commits(
-    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
-) -> None:
-    client = agent_s3.client()
-    ckdir = tmp_path / "ck"
-    src = make_checkpoint(ckdir, 40, {"model.safetensors": 120 * MiB, "config.json": 500})
-    uri = f"s3://{agent_s3.bucket}/{run_key}"
-    slow = start_sync(
-        syncs, agent_env(agent_s3, uri, ckdir, TRAININGRUN_MAX_BANDWIDTH_MBPS="20"), tmp_path
-    )
-    wait_log(slow, "checkpoint-40: uploading", timeout=60)
-    time.sleep(2.5)  # well inside the ~6 s the throttled upload takes
-    slow.kill()
-    assert not (manifest_of(client, agent_s3.bucket, run_key) or {}).get("entries")
-    assert f"{run_key}/checkpoints/checkpoint-40/e1/r0/MANIFEST.json" not in keys_under(
-        client, agent_s3.bucket, run_key
-    )
-    assert client.list_multipart_uploads(Bucket=agent_s3.bucket, Prefix=run_key).get("Uploads")
-
-    again = start_sync(syncs, agent_env(agent_s3, uri, ckdir), tmp_path)
-    wait_committed(client, agent_s3.bucket, run_key, 40, timeout=120)
-    assert "aborted 1 unfinished multipart uploads" in again.log()
-    assert not client.list_multipart_uploads(Bucket=agent_s3.bucket, Prefix=run_key).get("Uploads")
-    restored = tmp_path / "restored"
-    result = run_restore(agent_env(agent_s3, uri, restored, TRAININGRUN_RESTORE_STEP="40"))
-    assert result.returncode == 0, result.stderr
-    assert same_tree(src, restored / "checkpoint-40")
-
-
 def test_endpoint_down_30s_during_upload_then_committed(
     tmp_path: Path, syncs: list[SyncProcess]
 ) -> None:
@@ -265,80 +230,6 @@ def test_file_changing_during_upload_is_not_committed_until_stable(
     sizes = {f["path"]: f["size"] for f in ckpt["files"]}
     assert sizes["model.safetensors"] == 61 * MiB
     assert manifest["entries"][0]["step"] == 70
-
-
-def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
-    agent_s3: S3, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
-) -> None:
-    client = agent_s3.client()
-    ckdir = tmp_path / "ck"
-    make_checkpoint(ckdir, 10, {"model.safetensors": 3 * MiB, "config.json": 500})
-    uri = f"s3://{agent_s3.bucket}/{run_key}"
-    start_sync(syncs, agent_env(agent_s3, uri, ckdir), tmp_path)
-    wait_committed(client, agent_s3.bucket, run_key, 10, timeout=60)
-    key = f"{run_key}/checkpoints/checkpoint-10/e1/r0/model.safetensors"
-    body = bytearray(client.get_object(Bucket=agent_s3.bucket, Key=key)["Body"].read())
-    body[len(body) // 2] ^= 0xFF  # one flipped byte, same size
-    client.put_object(Bucket=agent_s3.bucket, Key=key, Body=bytes(body))
-
-    restored = tmp_path / "restored"
-    term = tmp_path / "termination-log"
-    result = run_restore(
-        agent_env(
-            agent_s3,
-            uri,
-            restored,
-            TRAININGRUN_RESTORE_STEP="10",
-            TRAININGRUN_TERMINATION_LOG=str(term),
-        )
-    )
-    assert result.returncode == EXIT_CHECKPOINT_BAD, result.stderr
-    message = term.read_text()
-    assert "checkpoint-10" in message and "model.safetensors" in message
-    assert "checksum" in message
-    assert not (restored / "checkpoint-10").exists()
-    assert not [p for p in restored.iterdir() if p.name.startswith(".restore")]
-
-
-def test_two_writers_updating_manifest_at_once_lose_nothing(agent_s3: S3, run_key: str) -> None:
-    run = Location(agent_s3.bucket, run_key)
-    caps = Capabilities(CRC64NVME, verifies_checksums=True, conditional_writes=True)
-    barrier = threading.Barrier(2)
-    errors: list[BaseException] = []
-
-    def writer(steps: range) -> None:
-        store = S3Store(
-            make_client(
-                agent_s3.endpoint,
-                agent_s3.region,
-                credentials=Credentials(agent_s3.access_key, agent_s3.secret_key),
-            ),
-            agent_s3.bucket,
-        )
-        committer = Committer(store, run, caps, keep=1000, epoch=1)
-        barrier.wait(timeout=30)
-        try:
-            for step in steps:
-                part = CheckpointManifest(
-                    version=MANIFEST_VERSION, step=step, files=[], created="t", epoch=1
-                )
-                committer.write_part(part)
-                assert committer.try_commit(step).committed
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [
-        threading.Thread(target=writer, args=(range(0, 40, 2),)),
-        threading.Thread(target=writer, args=(range(1, 40, 2),)),
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=120)
-    assert not errors, errors
-    manifest = manifest_of(agent_s3.client(), agent_s3.bucket, run_key)
-    assert manifest is not None
-    assert sorted(e["step"] for e in manifest["entries"]) == list(range(40))
 
 
 def test_name_escaping_the_folder_is_refused(agent_s3: S3, run_key: str, tmp_path: Path) -> None:
