@@ -120,7 +120,8 @@ class OperatorSettings:
         if bad:
             raise ConfigurationError(
                 f"TRAININGRUN_ALLOWED_ENDPOINTS / TRAININGRUN_ALLOWED_URIS: {', '.join(bad)} "
-                "can never match: endpoints are http(s)://host[:port] or aws, uris s3://bucket/..."
+                "can never match: endpoints are http(s)://host[:port], aws, gcs or azure; uris "
+                "s3://bucket/..., gs://bucket/... or az://account/container/..."
             )
         return cls(
             agent=agent,
