@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
-	layers verify test test-unit test-integration bench-tools bench-transfer bench-protocol clean \
+	layers verify test test-unit test-integration bench-tools bench-transfer bench-stores bench-protocol clean \
 	lightning-env composer-env mindformers-env
 .PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
@@ -152,6 +152,9 @@ bench-tools: ## Install rclone (Debian package), a baseline of the transfer benc
 
 bench-transfer: venv bench-tools cluster ## Checkpoint upload/restore vs boto3 and rclone (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_transfer --write docs/benchmarks.md
+
+bench-stores: venv emulators ## Checkpoint upload/restore on gs:// and az:// (emulators) vs each SDK's transfer functions (docs/benchmarks.md)
+	$(BIN)/python -m tests.bench_stores --write docs/benchmarks.md
 
 bench-protocol: venv cluster ## Sync/restore, commit protocol v1 (REV=01b44ab) vs the working tree (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_protocol --rev $(or $(REV),01b44ab) --write docs/benchmarks.md
