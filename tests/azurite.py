@@ -9,18 +9,12 @@ on a free 127.0.0.1 port, data in memory, with the well-known development accoun
   than the pinned Azurite knows; the calls the store makes exist in both.
 - Its access log and debug log go to the folder the caller passes in, also its working folder
   (``--location`` cannot go with ``--inMemoryPersistence``; in memory it writes no workspace).
-
-Command line: ``python -m tests.azurite build`` (install only, prints the executable),
-``python -m tests.azurite run FOLDER`` (start, print the endpoint, stay up until Ctrl-C).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
@@ -30,7 +24,7 @@ from typing import Any
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob import BlobServiceClient
 
-from tests.localenv import REPO, free_ports
+from tests.localenv import free_ports, hack_output
 
 ACCOUNT = "devstoreaccount1"
 # Azurite's development account key: public, documented by Microsoft for the emulator
@@ -42,15 +36,7 @@ READY_TIMEOUT_S = 30
 
 def binary() -> Path:
     """The azurite-blob executable, installed on first use (hack/install-azurite.sh)."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "hack" / "install-azurite.sh")],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError("hack/install-azurite.sh failed; its output above names the step")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return hack_output("install-azurite.sh")
 
 
 class Azurite:
@@ -150,26 +136,3 @@ class Azurite:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.azurite")
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="install Azurite (npm) into the cache; print its executable")
-    run = sub.add_parser("run", help="start Azurite, print its endpoint, stay up until Ctrl-C")
-    run.add_argument("folder", type=Path, help="its workspace and logs")
-    args = parser.parse_args(argv)
-    if args.command == "build":
-        print(binary())
-        return 0
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # so the with block stops Azurite
-    with Azurite(args.folder) as az:
-        print(f"endpoint {az.endpoint} account {az.account} container {az.container}", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while az.proc is not None and az.proc.poll() is None:
-                time.sleep(1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

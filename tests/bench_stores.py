@@ -62,16 +62,13 @@ from requests import Session
 from requests.adapters import HTTPAdapter
 
 from tests import azurite, fakegcs
-from tests.bench_transfer import Sample, shape, summarize, timed
+from tests.bench_transfer import Sample, ours_restore, ours_upload, shape, summarize, timed
 from tests.benchutil import cpu_seconds
 from tests.integration.agents import make_checkpoint
 from trainingrun import local
-from trainingrun.local import scan
 from trainingrun.manifest import checkpoint_dirname
-from trainingrun.restore import RestoreSettings, restore
 from trainingrun.storage import Location, Store, open_location, parse_uri
-from trainingrun.sync import Sync, SyncSettings
-from trainingrun.transfer import MiB, TransferSettings
+from trainingrun.transfer import MiB
 
 try:  # azure-core's own adapter (larger socket reads); private, so plain requests without it
     from azure.core.pipeline.transport._bigger_block_size_http_adapters import (
@@ -209,21 +206,10 @@ class StoreBench:
     # -- ours --------------------------------------------------------------------------------
 
     def ours_up(self, prefix: str) -> None:
-        settings = SyncSettings(
-            checkpoint_dir=self.ckpt.parent,
-            run=self.location(prefix),
-            keep=3,
-            transfer=TransferSettings(),
-        )
-        sync = Sync(self.store(settings.transfer.concurrency), settings)
-        sync.start()
-        (found,) = [c for c in scan(self.ckpt.parent) if c.step == self.step]
-        sync.upload_checkpoint(found)
-        sync.transfer.close()
+        ours_upload(self.store, self.location(prefix), self.ckpt, self.step)
 
     def ours_down(self, prefix: str, dest: Path) -> None:
-        settings = RestoreSettings(checkpoint_dir=dest, run=self.location(prefix), step=self.step)
-        restore(self.store(settings.transfer.concurrency), settings)
+        ours_restore(self.store, self.location(prefix), dest, self.step)
 
     def uploads(self) -> dict[str, Callable[[str], None]]:
         raise NotImplementedError
@@ -270,10 +256,12 @@ class GcsBench(StoreBench):
             client._http.mount(scheme, adapter)
         return client.bucket(self.root.bucket)
 
-    def many_up(self, prefix: str, workers: int) -> None:
+    def many_up(
+        self, prefix: str, workers: int, bucket: Any = None, names: list[str] | None = None
+    ) -> None:
         tm.upload_many_from_filenames(
-            self.client(workers),
-            self.rel,
+            bucket or self.client(workers),
+            self.rel if names is None else names,
             source_directory=str(self.ckpt),
             blob_name_prefix=self.key(prefix) + "/",
             upload_kwargs={"timeout": CALL_TIMEOUT},
@@ -300,17 +288,7 @@ class GcsBench(StoreBench):
         small = [
             r for r, p in zip(self.rel, self.files, strict=True) if p.stat().st_size <= GCS_CHUNK
         ]
-        tm.upload_many_from_filenames(
-            bucket,
-            small,
-            source_directory=str(self.ckpt),
-            blob_name_prefix=self.key(prefix) + "/",
-            upload_kwargs={"timeout": CALL_TIMEOUT},
-            deadline=CALL_TIMEOUT,
-            raise_exception=True,
-            worker_type=tm.THREAD,
-            max_workers=workers,
-        )
+        self.many_up(prefix, workers, bucket, small)
 
     def many_down(self, key: str, dest: Path, workers: int, names: list[str] | None = None) -> None:
         tm.download_many_to_path(

@@ -92,6 +92,25 @@ def timed(fn: Callable[[], None]) -> Sample:
     return Sample(time.perf_counter() - wall, cpu_now() - cpu)
 
 
+def ours_upload(open_store: Callable[[int], Any], run: Location, ckpt: Path, step: int) -> None:
+    """The sidecar's upload of checkpoint ``step`` (folder ``ckpt``) with its defaults: start
+    (capability probe, fence), upload, verify, commit. ``open_store(pool size)``."""
+    settings = SyncSettings(
+        checkpoint_dir=ckpt.parent, run=run, keep=3, transfer=TransferSettings()
+    )
+    sync = Sync(open_store(settings.transfer.concurrency), settings)
+    sync.start()
+    (found,) = [c for c in scan(ckpt.parent) if c.step == step]
+    sync.upload_checkpoint(found)
+    sync.transfer.close()
+
+
+def ours_restore(open_store: Callable[[int], Any], run: Location, dest: Path, step: int) -> None:
+    """The init container's restore of checkpoint ``step`` into ``dest``, with its defaults."""
+    settings = RestoreSettings(checkpoint_dir=dest, run=run, step=step)
+    restore(open_store(settings.transfer.concurrency), settings)
+
+
 class Bench:
     def __init__(self, s3: S3, work: Path, ckpt: Path, step: int) -> None:
         self.s3 = s3
@@ -119,23 +138,10 @@ class Bench:
     # -- ours ------------------------------------------------------------------------------
 
     def ours_up(self, prefix: str) -> None:
-        settings = SyncSettings(
-            checkpoint_dir=self.ckpt.parent,
-            run=Location(self.s3.bucket, prefix),
-            keep=3,
-            transfer=TransferSettings(),
-        )
-        sync = Sync(self.store(settings.transfer.concurrency), settings)
-        sync.start()
-        (found,) = [c for c in scan(self.ckpt.parent) if c.step == self.step]
-        sync.upload_checkpoint(found)
-        sync.transfer.close()
+        ours_upload(self.store, Location(self.s3.bucket, prefix), self.ckpt, self.step)
 
     def ours_down(self, prefix: str, dest: Path) -> None:
-        settings = RestoreSettings(
-            checkpoint_dir=dest, run=Location(self.s3.bucket, prefix), step=self.step
-        )
-        restore(self.store(settings.transfer.concurrency), settings)
+        ours_restore(self.store, Location(self.s3.bucket, prefix), dest, self.step)
 
     # -- boto3 -----------------------------------------------------------------------------
 

@@ -7,26 +7,21 @@
   ``trainingrun`` created. Its log goes to ``fake-gcs-server.log`` in the folder the caller
   passes. Every ``FAKE_GCS_*`` variable of the caller's environment is dropped, so only the
   flags here decide where it listens.
-
-Command line: ``python -m tests.fakegcs build`` (prints the binary's path) or
-``python -m tests.fakegcs run DIR`` (runs one until interrupted, printing its endpoint).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-from tests.localenv import REPO, free_ports
+from tests.localenv import free_ports, hack_output
 
 BUCKET = "trainingrun"
 READY_TIMEOUT_S = 30
@@ -38,15 +33,7 @@ _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 def binary() -> Path:
     """Builds (or finds cached) fake-gcs-server; returns its path. The script's progress goes
     to this process's stderr."""
-    proc = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-fake-gcs.sh")],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
-    )
-    if proc.returncode != 0:
-        raise RuntimeError("hack/build-fake-gcs.sh failed; its output above names the step")
-    return Path(proc.stdout.strip().splitlines()[-1])
+    return hack_output("build-fake-gcs.sh")
 
 
 class FakeGcs:
@@ -149,27 +136,3 @@ class FakeGcs:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.fakegcs", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("build", help="build (or find) the binary; print its path")
-    run = sub.add_parser("run", help="run one emulator until interrupted")
-    run.add_argument("state_dir", type=Path, help="folder for its log")
-    args = parser.parse_args(argv)
-    if args.command == "build":
-        print(binary())
-        return 0
-    # SIGTERM (timeout, kill) ends it like Ctrl-C: the emulator goes with it.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-    with FakeGcs(args.state_dir) as gcs:
-        print(f"{gcs.endpoint} (bucket {gcs.bucket}; log {gcs.log_path})", flush=True)
-        with contextlib.suppress(KeyboardInterrupt):
-            while gcs.proc is not None and gcs.proc.poll() is None:
-                time.sleep(1)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

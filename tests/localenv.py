@@ -187,17 +187,20 @@ def _weed_binary() -> Path:
     return Path(found)
 
 
-def build_tools() -> Path:
-    """Builds (or finds cached) the control plane binaries; returns their folder."""
+def hack_output(script: str) -> Path:
+    """Runs ``hack/<script>``, which builds or installs something into the cache (or finds it
+    there) and prints its path last; its progress goes to this process's stderr."""
     proc = subprocess.run(
-        ["bash", str(REPO / "hack" / "build-tools.sh")],
-        stdout=subprocess.PIPE,
-        text=True,
-        check=False,
+        ["bash", str(REPO / "hack" / script)], stdout=subprocess.PIPE, text=True, check=False
     )
     if proc.returncode != 0:
-        raise RuntimeError("hack/build-tools.sh failed; its output above names the refused step")
+        raise RuntimeError(f"hack/{script} failed; its output above names the refused step")
     return Path(proc.stdout.strip().splitlines()[-1])
+
+
+def build_tools() -> Path:
+    """Builds (or finds cached) the control plane binaries; returns their folder."""
+    return hack_output("build-tools.sh")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -69,3 +69,8 @@ class StorageSpec(ApiModel):
         if endpoint and urlsplit(endpoint).port == 0:  # .port raises ValueError above 65535
             raise ValueError("the port must be from 1 to 65535")
         return endpoint
+
+    @property
+    def scheme(self) -> str:
+        """s3, gs or az: which store the uri names."""
+        return self.uri.partition("://")[0]

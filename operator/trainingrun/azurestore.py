@@ -32,6 +32,7 @@ from requests.adapters import HTTPAdapter  # type: ignore[import-untyped,unused-
 
 from trainingrun import checksum
 from trainingrun.checksum import Algorithm
+from trainingrun.contract import AZURE_CREDENTIAL_KEYS
 from trainingrun.storebase import (
     MAX_GET_BYTES,
     BucketNotFound,
@@ -47,10 +48,11 @@ from trainingrun.storebase import (
     StorageRejected,
     StorageUnavailable,
     TooLarge,
+    crc32c_only,
 )
 
 CRC_METADATA = "trainingrun_crc32c"
-KEY_FIELD, SAS_FIELD = "AZURE_STORAGE_KEY", "AZURE_STORAGE_SAS_TOKEN"  # in the credentials Secret
+KEY_FIELD, SAS_FIELD = AZURE_CREDENTIAL_KEYS  # the credentials Secret's keys
 # Put Blob takes up to 5000 MiB, Put Block 4000 MiB: ``put`` and ``put_checked`` are one request.
 SINGLE_PUT, BLOCK = 5000 << 20, 4000 << 20
 GET_CHUNK = 8 << 20  # each ranged GET of a download, and the most held in memory at once
@@ -258,12 +260,13 @@ class AzureStore:
     ) -> None:
         self.client, self.account, self.bucket = client, account, container
         self.max_get_bytes = max_get_bytes
+        self.root = f"az://{account}/{container}"
 
     def url(self, key: str) -> str:
-        return f"az://{self.account}/{self.bucket}/{key}"
+        return f"{self.root}/{key}"
 
     def _translate(self, err: Exception, key: str) -> StorageError:
-        return translate(err, self.url(key), self.url("")[:-1])
+        return translate(err, self.url(key), self.root)
 
     def _call(self, key: str, method: str, *args: Any, absent: bool = False, **kw: Any) -> Any:
         """``method`` of the key's blob client, its errors translated; with ``absent``, None
@@ -278,15 +281,8 @@ class AzureStore:
                 return None
             raise err from e
 
-    @staticmethod
-    def _takes(algo: Algorithm) -> None:
-        """Only CRC32C: Azure checks none of the package's algorithms, and CRC32C is the one
-        checked here that combines across parts (the capability probe moves on to it)."""
-        if algo != checksum.CRC32C:
-            raise StorageRejected(f"Azure Blob Storage: {algo.name} is not taken, CRC32C is")
-
     def _check(self, key: str, data: bytes, algo: Algorithm, expected: str) -> None:
-        if algo.encode(algo.of(data)) != expected:
+        if checksum.digest(algo, data) != expected:
             raise ChecksumMismatch(f"{self.url(key)}: the data is not what {expected} sums")
 
     def get(self, key: str) -> bytes | None:
@@ -334,20 +330,20 @@ class AzureStore:
         return (int(props.size), None) if props is not None else None
 
     def put_checked(self, key: str, data: bytes, algo: Algorithm, checksum: str) -> None:
-        self._takes(algo)
+        crc32c_only(self.url(key), algo)
         self._check(key, data, algo, checksum)
         self._upload(key, data, overwrite=True, metadata={CRC_METADATA: checksum})
 
     def create_multipart(self, key: str, algo: Algorithm) -> str:
         """A new upload id; no call: staged blocks need no upload to be opened."""
-        self._takes(algo)
+        crc32c_only(self.url(key), algo)
         return uuid.uuid4().hex
 
     def upload_part(
         self, key: str, upload_id: str, number: int, data: bytes, algo: Algorithm, checksum: str
     ) -> str:
         """Stages block ``number``; returns its block id (the completion entry)."""
-        self._takes(algo)
+        crc32c_only(self.url(key), algo)
         block = block_id(upload_id, number)
         if isinstance(data, (bytes, bytearray, memoryview)):
             self._check(key, bytes(data), algo, checksum)
@@ -367,7 +363,7 @@ class AzureStore:
     ) -> None:
         """Commits the blocks in order; ``full`` is kept as metadata (Azure cannot check it;
         each part was checked as it was staged)."""
-        self._takes(algo)
+        crc32c_only(self.url(key), algo)
         blocks = [BlobBlock(block_id=p) for p in parts]
         meta = {CRC_METADATA: full} if full else None
         self._call(key, "commit_block_list", blocks, metadata=meta, validate_content=True)
@@ -444,6 +440,6 @@ class AzureStore:
             for key, answer in zip(chunk, answers, strict=True):
                 if answer.status_code >= 300:
                     code = str(answer.headers.get("x-ms-error-code", ""))
-                    err = classify(answer.status_code, code, self.url(key), self.url("")[:-1])
+                    err = classify(answer.status_code, code, self.url(key), self.root)
                     if not isinstance(err, KeyNotFound):
                         raise err

@@ -282,7 +282,7 @@ class GcsStore:
 
     def _upload_checked(self, name: str, data: Any, algo: Algorithm, crc: str) -> None:
         """Uploads ``data`` declaring ``crc`` as its CRC32C, which GCS checks."""
-        _crc32c_only(self.url(name), algo)
+        sb.crc32c_only(self.url(name), algo)
         stream, size = _stream(data)
 
         def call(b: Any) -> str:
@@ -306,7 +306,7 @@ class GcsStore:
 
     def create_multipart(self, key: str, algo: Algorithm) -> str:
         """A fresh upload id (no call: an upload is its part objects)."""
-        _crc32c_only(self.url(key), algo)
+        sb.crc32c_only(self.url(key), algo)
         return uuid.uuid4().hex
 
     def upload_part(
@@ -390,11 +390,6 @@ def _composed(b: Any, dest: str, sources: list[str], kw: Mapping[str, Any]) -> A
     blob = b.blob(dest)
     blob.compose([b.blob(s) for s in sources], **kw)
     return blob
-
-
-def _crc32c_only(where: str, algo: Algorithm) -> None:
-    if algo.name != CRC32C.name:  # refused: the capability probe moves on to CRC32C
-        raise StorageRejected(f"{where}: GCS checks CRC32C checksums only, not {algo.name}")
 
 
 def _client(credentials: Any, project: str | None, endpoint: str, pool: int) -> Any:

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
-from trainingrun.checksum import Algorithm
+from trainingrun.checksum import CRC32C, Algorithm
 
 SCHEMES = ("s3", "gs", "az")
 
@@ -72,6 +72,13 @@ class BucketNotFound(NotFound):
 
 class KeyNotFound(NotFound):
     """The key does not exist."""
+
+
+def crc32c_only(where: str, algo: Algorithm) -> None:
+    """GCS and Azure take CRC32C only (GCS checks it; on Azure the store does, the service
+    checking Content-MD5): ``StorageRejected`` for another, so the capability probe moves on."""
+    if algo.name != CRC32C.name:
+        raise StorageRejected(f"{where}: this store takes CRC32C checksums only, not {algo.name}")
 
 
 class StorageMisconfigured(Exception):

@@ -25,6 +25,7 @@ from trainingrun.api import CheckpointRef, StorageSpec
 from trainingrun.commit import take_fence
 from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest
 from trainingrun.decide.pod import RunRef, run_prefix
+from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.manifest import RunManifest
 from trainingrun.storage import (
     OPERATOR_BUDGET,
@@ -69,9 +70,8 @@ def endpoint_of(storage: StorageSpec) -> str:
     """The endpoint a run's calls go to: its URL's scheme, host and port (lowercase; without a
     user or password, as it appears in messages), or the cloud's own service."""
     if not storage.endpoint:
-        scheme = storage.uri.partition("://")[0]
-        if scheme != "s3":
-            return {"gs": "Google Cloud Storage", "az": "Azure Blob Storage"}[scheme]
+        if storage.scheme != "s3":
+            return CLOUD_NAMES[CLOUD[storage.scheme]]
         return f"AWS S3 ({storage.region or 'default region'})"
     url = urlsplit(storage.endpoint.strip().lower())
     try:

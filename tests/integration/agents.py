@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import os
 import random
 import secrets
 import signal
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tests import localenv
+from tests.integration.stores import Bucket
 from tests.integration.support import wait_for
 from trainingrun import local
 from trainingrun.manifest import checkpoint_dirname
@@ -91,22 +91,7 @@ class PrivateSeaweedFS:
 def agent_env(s3: S3, uri: str, checkpoint_dir: Path, **extra: str) -> dict[str, str]:
     """The environment the operator gives sync and restore, with credentials as the
     secretKeyRef would put them, and metrics off (tests run many at once)."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "TRAININGRUN_"))}
-    env.update(
-        {
-            "AWS_ENDPOINT_URL": s3.endpoint,
-            "AWS_REGION": s3.region,
-            "AWS_ACCESS_KEY_ID": s3.access_key,
-            "AWS_SECRET_ACCESS_KEY": s3.secret_key,
-            "TRAININGRUN_STORAGE_URI": uri,
-            "TRAININGRUN_CHECKPOINT_DIR": str(checkpoint_dir),
-            "TRAININGRUN_METRICS_PORT": "0",
-            "TRAININGRUN_QUIET_SECONDS": "1",
-            "TRAININGRUN_SYNC_NICE": "0",
-        }
-    )
-    env.update(extra)
-    return env
+    return Bucket.seaweedfs(s3.as_localenv()).env(uri, checkpoint_dir, **extra)
 
 
 def make_checkpoint(

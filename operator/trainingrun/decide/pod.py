@@ -155,7 +155,7 @@ def _env(name: str, value: str) -> dict[str, Any]:
 def storage_env(run: RunRef) -> list[dict[str, Any]]:
     """Environment that lets sync and restore reach the bucket; secrets by reference only."""
     storage = run.spec.checkpoint.storage
-    scheme = storage.uri.partition("://")[0]
+    scheme = storage.scheme
     env = [_env(c.ENV_STORAGE_URI, run_prefix(run))]
     if storage.endpoint:
         name = c.ENV_AWS_ENDPOINT_URL if scheme == "s3" else c.ENV_STORAGE_ENDPOINT

@@ -75,7 +75,7 @@ def refusal(
     allowed_uris: tuple[str, ...] = (),
 ) -> Refusal | None:
     """Why the run may not use ``storage``, None when it may."""
-    scheme = storage.uri.partition("://")[0]
+    scheme = storage.scheme
     listed = {e if e in CLOUD_NAMES else normal_endpoint(e) for e in allowed_endpoints}
     endpoint = normal_endpoint(storage.endpoint) if storage.endpoint else CLOUD[scheme]
     if endpoint is None:
