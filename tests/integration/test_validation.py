@@ -44,8 +44,13 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("no-checkpoint", _set("spec.checkpoint", _DELETE), "spec.checkpoint"),
     ("no-template", _set("spec.template", _DELETE), "spec.template"),
     (
-        "uri-not-s3",
-        _set("spec.checkpoint.storage.uri", "gs://bucket/x"),
+        "uri-unknown-scheme",
+        _set("spec.checkpoint.storage.uri", "hdfs://bucket/x"),
+        "spec.checkpoint.storage.uri",
+    ),
+    (
+        "az-uri-without-container",
+        _set("spec.checkpoint.storage.uri", "az://account"),
         "spec.checkpoint.storage.uri",
     ),
     (
