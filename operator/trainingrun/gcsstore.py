@@ -1,8 +1,8 @@
 """The ``Store`` of a Google Cloud Storage bucket, with google-cloud-storage (the JSON API).
 
 - Versions are generations (decimal strings): create-only is ``ifGenerationMatch=0``,
-  compare-and-swap ``ifGenerationMatch=<generation>``. ``get_with_etag`` reads the metadata,
-  then downloads that very generation, so bytes and version always belong together.
+  compare-and-swap ``ifGenerationMatch=<generation>``. ``get_with_etag`` takes the generation
+  from its download's response, so bytes and version always belong together.
 - GCS checks a CRC32C declared with an upload (400 on a mismatch) and no other algorithm, so
   checked writes refuse any other (``StorageRejected``: the capability probe moves on). The
   declared value is the caller's, sent as ``crc32c`` metadata with the library's checksum off.
@@ -47,7 +47,6 @@ from trainingrun.storebase import CallBudget, KeyNotFound, Location, StorageErro
 GCS_ENDPOINT = "https://storage.googleapis.com"
 MAX_COMPOSE = 32  # sources of one compose call (a GCS limit)
 DELETERS = 8  # deletes under way at once (a sweep, a completed upload's parts)
-GET_TRIES = 3  # get_with_etag: metadata then that generation, while the object keeps changing
 STREAM_CHUNK = 8 << 20  # a part given as a stream is sent in requests of this size
 _MARK = ".trainingrun-upload-"
 _PIECE = re.compile(r"^(.+)\.trainingrun-upload-([0-9a-f]{32})-(?:p\d{5,}|c\d+-\d{5,})$")
@@ -146,6 +145,19 @@ def translate(
     raise err
 
 
+class _Capped:
+    """A file for download_to_file refusing more than ``cap`` bytes: the download stops there."""
+
+    def __init__(self, where: str, cap: int) -> None:
+        self.where, self.cap, self.buf = where, cap, bytearray()
+
+    def write(self, data: bytes) -> int:
+        self.buf += data
+        if len(self.buf) > self.cap:
+            raise sb.TooLarge(self.where, None, self.cap)
+        return len(data)
+
+
 class _Blocks:
     """A file for download_to_file that hands the library's small writes on to ``sink`` in
     blocks of ``chunk``: one block in memory, whatever the range's length."""
@@ -233,21 +245,23 @@ class GcsStore:
         return got[0] if got is not None else None
 
     def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
-        """(bytes, generation) or None: that generation's bytes, downloaded by its number once
-        its size is known to be within max_get_bytes (else TooLarge, unread)."""
-        for _ in range(GET_TRIES):
-            blob = self._meta(key)
-            if blob is None:
-                return None
-            if int(blob.size or 0) > self.max_get_bytes:
-                raise sb.TooLarge(self.url(key), int(blob.size), self.max_get_bytes)
-            gen = blob.generation
-            try:
-                data = self._do(key, partial(_downloaded, key=key, generation=gen, kw=self.kw))
-            except KeyNotFound:
-                continue  # replaced or deleted since the metadata was read: again
-            return data, str(gen)
-        raise sb.StorageUnavailable(f"{self.url(key)}: changed during each of {GET_TRIES} reads")
+        """(bytes, generation) of one download, or None: the generation is the response's, so
+        it is that of the bytes however often the object is rewritten. Past max_get_bytes the
+        download stops (TooLarge)."""
+        out = _Capped(self.url(key), self.max_get_bytes)
+
+        def call(b: Any) -> Any:
+            blob = b.blob(key)
+            blob.download_to_file(out, raw_download=True, **self.kw)
+            return blob.generation
+
+        try:
+            generation = self._do(key, call)
+        except KeyNotFound:
+            return None
+        if generation is None:
+            raise StorageRejected(f"{self.url(key)}: the download named no generation")
+        return bytes(out.buf), str(generation)
 
     def put(
         self,
@@ -379,10 +393,6 @@ class GcsStore:
     def _delete_one(self, key: str) -> None:
         with contextlib.suppress(KeyNotFound):
             self._do(key, lambda b: b.delete_blob(key, **self.kw))
-
-
-def _downloaded(b: Any, key: str, generation: int, kw: Mapping[str, Any]) -> bytes:
-    return bytes(b.blob(key, generation=generation).download_as_bytes(**kw))
 
 
 def _composed(b: Any, dest: str, sources: list[str], kw: Mapping[str, Any]) -> Any:
