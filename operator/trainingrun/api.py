@@ -293,6 +293,28 @@ class CheckpointRef(_Model):
             "dcp, deepspeed, megatron, nemo, mindformers, accelerate or pattern)."
         ),
     )
+    bytes: int | None = Field(default=None, ge=0, description="Its size, all ranks' files.")
+    upload_seconds: float | None = Field(
+        default=None, ge=0, description="What its upload and verify took (the slowest rank's)."
+    )
+
+
+class SaveEstimate(_Model):
+    """Will a save on preemption fit? The last checkpoint's size at the upload throughput the
+    sync sidecar measured, against the grace period and the spot notice windows."""
+
+    checkpoint_bytes: int = Field(ge=0, description="Size of the latest checkpoint.")
+    bytes_per_second: int = Field(ge=0, description="Upload throughput measured by the sidecar.")
+    upload_seconds: float = Field(ge=0, description="Estimated time to upload such a save.")
+    window_seconds: int = Field(
+        ge=0,
+        description=(
+            "Time a save has: the grace period, or the spot notice of the attempt's node when "
+            "shorter."
+        ),
+    )
+    fits: bool = Field(description="Whether the upload fits the window.")
+    message: str = Field(description="The estimate against every window known.")
 
 
 class Condition(_Model):
@@ -300,8 +322,8 @@ class Condition(_Model):
 
     type: str = Field(
         description=(
-            "Type of condition in CamelCase: Running, Succeeded, Failed, Protected, Suspended or "
-            "Admitted (by Kueue)."
+            "Type of condition in CamelCase: Running, Succeeded, Failed, Protected, Suspended, "
+            "Admitted (by Kueue) or SaveAtRisk."
         ),
     )
     status: str = Field(description="Status of the condition, one of True, False, Unknown.")
@@ -366,6 +388,13 @@ class TrainingRunStatus(_Model):
         default=None,
         description="Newest committed checkpoint in storage; the next attempt resumes from it.",
     )
+    save_estimate: SaveEstimate | None = Field(
+        default=None,
+        description=(
+            "Time to upload a checkpoint like the latest against the time a save on preemption "
+            "has; the SaveAtRisk condition is True when it does not fit."
+        ),
+    )
     bad_checkpoints: list[
         Annotated[int, Field(description="Training step of a checkpoint that failed verification.")]
     ] = Field(default_factory=list, description="Steps whose checkpoint failed verification.")
@@ -399,6 +428,6 @@ class TrainingRunStatus(_Model):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
         description=(
             "The latest available observations of the run's state: Running, Succeeded, Failed, "
-            "Protected, Suspended, Admitted (metav1.Condition)."
+            "Protected, Suspended, Admitted, SaveAtRisk (metav1.Condition)."
         ),
     )

@@ -58,6 +58,7 @@ from trainingrun.manifest import (
     parse_run_manifest,
     part_prefix,
     same_files,
+    slowest,
 )
 from trainingrun.storage import (
     ChecksumMismatch,
@@ -339,6 +340,7 @@ class Committer:
             attempt=attempt,
             ranks=self.ranks,
             layout=merged_layout([p.layout for _, p in ranked]),
+            upload_seconds=slowest([p.upload_seconds for _, p in ranked]),
         )
         key = self.run.key(RUN_MANIFEST)
         for i in range(CAS_ATTEMPTS):

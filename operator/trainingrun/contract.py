@@ -148,3 +148,12 @@ def parse_time(s: str | None) -> datetime | None:
 
 def now_rfc3339_micro() -> str:
     return datetime.now(UTC).strftime(TIME_FORMAT_MICRO)
+
+
+def format_bytes(n: float) -> str:
+    """A size for people: 812 B, 3.0 MiB, 2.0 GiB."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

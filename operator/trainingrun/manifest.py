@@ -193,6 +193,9 @@ class CheckpointManifest(_Model):
     rank: int = Field(default=0, ge=0)
     ranks: int = Field(default=1, ge=1)
     layout: Layout | None = Field(default=None, description="None: checkpoint-<step>/.")
+    upload_seconds: float | None = Field(
+        default=None, ge=0, description="What this rank's upload and verify took, if measured."
+    )
 
     @property
     def total_bytes(self) -> int:
@@ -209,6 +212,12 @@ class ManifestEntry(_Model):
     attempt: int = Field(default=0, ge=0, description="The attempt that wrote it, if known.")
     ranks: int = Field(default=1, ge=1, description="How many parts it has.")
     layout: Layout | None = Field(default=None, description="None: checkpoint-<step>/.")
+    upload_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="The slowest rank's upload and verify (None: a part did not say): what "
+        "a save of this size takes to upload.",
+    )
 
     @property
     def part_prefixes(self) -> list[str]:
@@ -398,6 +407,13 @@ def merged_layout(layouts: list[Layout | None]) -> Layout | None:
         if layout is not None:
             extras.update(layout.extras)
     return first.model_copy(update={"extras": extras})
+
+
+def slowest(seconds: list[float | None]) -> float | None:
+    """The upload time of a checkpoint from its parts': the slowest rank's, None when a part
+    did not measure it (written by an older sidecar)."""
+    known = [s for s in seconds if s is not None]
+    return max(known) if known and len(known) == len(seconds) else None
 
 
 def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:

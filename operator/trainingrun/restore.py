@@ -51,6 +51,7 @@ from trainingrun.contract import (
     EXIT_ERROR,
     EXIT_INSUFFICIENT_DISK,
     EXIT_OK,
+    format_bytes,
 )
 from trainingrun.layouts import STAGING_PREFIX
 from trainingrun.manifest import (
@@ -68,7 +69,6 @@ from trainingrun.transfer import (
     Transfer,
     TransferSettings,
     VerificationFailed,
-    format_bytes,
 )
 
 log = logging.getLogger("trainingrun.restore")

@@ -246,7 +246,14 @@ class RunStores:
         uri = f"{run_prefix(ref)}/{entry.prefix}"
         # No layout recorded: the HF Trainer's checkpoint-<step>/ (all that version 1 wrote).
         fmt = entry.layout.format if entry.layout else "hf"
-        latest = CheckpointRef(step=entry.step, uri=uri, time=entry.committed, format=fmt)
+        latest = CheckpointRef(
+            step=entry.step,
+            uri=uri,
+            time=entry.committed,
+            format=fmt,
+            bytes=entry.bytes,
+            upload_seconds=entry.upload_seconds,
+        )
         return Checkpoints(True, manifest, latest)
 
     def take_fence(self, ref: RunRef, attempt: int) -> tuple[RunManifest, int]:

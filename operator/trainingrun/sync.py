@@ -40,7 +40,7 @@ from trainingrun.commit import (
     take_fence,
     verify_uploaded,
 )
-from trainingrun.contract import EXIT_ERROR, now_rfc3339_micro
+from trainingrun.contract import EXIT_ERROR, format_bytes, now_rfc3339_micro
 from trainingrun.local import LocalCheckpoint, survey
 from trainingrun.manifest import (
     MANIFEST_VERSION,
@@ -62,6 +62,7 @@ from trainingrun.syncsupport import (
     SyncSettings,
     describe,
     layout_of,
+    log_uploaded,
     publish_progress,
     report_failure,
     watch,
@@ -72,7 +73,6 @@ from trainingrun.transfer import (
     Progress,
     Transfer,
     VerificationFailed,
-    format_bytes,
 )
 
 log = logging.getLogger("trainingrun.sync")
@@ -288,6 +288,7 @@ class Sync:
         sums = self.transfer.upload_files(pairs, algo, progress)
         self.metrics.files.inc(len(pairs))
         entries = verify_uploaded(self.store, ckpt, prefix, algo, sums)
+        elapsed = time.monotonic() - started
         part = CheckpointManifest(
             version=MANIFEST_VERSION,
             step=ckpt.step,
@@ -298,18 +299,11 @@ class Sync:
             rank=self.committer.rank,
             ranks=self.committer.ranks,
             layout=layout_of(ckpt),
+            # What a save of this size takes: the operator shows it against the grace period.
+            upload_seconds=round(elapsed, 3),
         )
         self.committer.write_part(part)
-        elapsed = time.monotonic() - started
-        log.info(
-            "%s: uploaded and verified %d files, %s in %.1f s (%s/s), %s",
-            what,
-            len(entries),
-            format_bytes(total),
-            elapsed,
-            format_bytes(total / max(elapsed, 1e-6)),
-            algo.name,
-        )
+        log_uploaded(what, len(entries), total, elapsed, algo.name, self.s.drain_seconds)
 
     def after_commit(self, ckpt: LocalCheckpoint, outcome: Outcome, started: float) -> None:
         what = describe(ckpt)

@@ -19,7 +19,7 @@ from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
 
 from trainingrun import layouts, local
-from trainingrun.contract import ANNOTATION_NOTICE
+from trainingrun.contract import ANNOTATION_NOTICE, format_bytes
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 from trainingrun.local import LocalCheckpoint, Survey
 from trainingrun.manifest import Layout, ManifestError
@@ -293,3 +293,29 @@ def report_failure(e: BaseException, metrics: Metrics) -> None:
     metrics.failures.labels(reason).inc()
     hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
     log.error("sync: %s: %s%s; retrying", reason, e, hint)
+
+
+def log_uploaded(
+    what: str, files: int, size: int, elapsed: float, algo: str, drain_seconds: float
+) -> None:
+    """The log line of a part uploaded and verified, and a warning when it took longer than
+    the sidecar has after SIGTERM: a save on preemption of this size would be lost."""
+    rate = format_bytes(size / max(elapsed, 1e-6))
+    log.info(
+        "%s: uploaded and verified %d files, %s in %.1f s (%s/s), %s",
+        what,
+        files,
+        format_bytes(size),
+        elapsed,
+        rate,
+        algo,
+    )
+    if elapsed > drain_seconds:
+        log.warning(
+            "%s: its upload took %.0f s, longer than the %.0f s this sidecar has after SIGTERM: "
+            "a save on preemption would not be committed; raise "
+            "spec.preemption.terminationGracePeriodSeconds or save less per checkpoint",
+            what,
+            elapsed,
+            drain_seconds,
+        )

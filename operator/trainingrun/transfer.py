@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from trainingrun.checksum import Algorithm, digest, file_digest
+from trainingrun.contract import format_bytes
 from trainingrun.parts import (
     MIN_PARALLEL,
     STREAM_BLOCK,
@@ -63,14 +64,6 @@ class TransferSettings:
     memory_budget: int = 256 * MiB
     # Bandwidth cap in bytes per second, None for none; so sync never starves the trainer's I/O.
     max_bytes_per_second: float | None = None
-
-
-def format_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
 
 
 class Throttle:

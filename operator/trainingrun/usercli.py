@@ -16,6 +16,7 @@ from kubernetes import config
 
 from trainingrun import api
 from trainingrun.committed import check_committed, read_run_manifest
+from trainingrun.contract import format_bytes
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.kube import Kube, load_config
 from trainingrun.manifest import ManifestError
@@ -27,7 +28,6 @@ from trainingrun.storage import (
     parse_uri,
     secret_credentials,
 )
-from trainingrun.transfer import format_bytes
 
 
 class UserError(Exception):
@@ -130,6 +130,7 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             if latest
             else "none",
         ),
+        ("Save estimate", save_line(status.get("saveEstimate") or {})),
         ("Bad checkpoints", ", ".join(map(str, status.get("badCheckpoints") or []))),
         ("Next attempt", status.get("nextAttemptTime") or ""),
     ]
@@ -160,6 +161,17 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             out,
         )
     return 0
+
+
+def save_line(est: dict[str, Any]) -> str:
+    """Whether a save on preemption fits, and the estimate against each window."""
+    if not est:
+        return ""
+    verdict = "fits" if est.get("fits") else "DOES NOT FIT"
+    return (
+        f"{est.get('uploadSeconds', 0):.0f} s to upload, {verdict} the "
+        f"{est.get('windowSeconds', 0)} s a save has ({est.get('message', '')})"
+    )
 
 
 def pod_row(pod: dict[str, Any]) -> list[str]:

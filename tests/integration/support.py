@@ -312,15 +312,27 @@ def container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
 
 
 def commit_checkpoint(
-    s3: Any, bucket: str, run_key: str, step: int, files: dict[str, bytes]
+    s3: Any,
+    bucket: str,
+    run_key: str,
+    step: int,
+    files: dict[str, bytes],
+    upload_seconds: float | None = None,
 ) -> None:
     """``commit_checkpoint_to`` the S3 bucket of the boto3 client ``s3``."""
-    commit_checkpoint_to(S3Store(s3, bucket), run_key, step, files)
+    commit_checkpoint_to(S3Store(s3, bucket), run_key, step, files, upload_seconds)
 
 
-def commit_checkpoint_to(store: Store, run_key: str, step: int, files: dict[str, bytes]) -> None:
+def commit_checkpoint_to(
+    store: Store,
+    run_key: str,
+    step: int,
+    files: dict[str, bytes],
+    upload_seconds: float | None = None,
+) -> None:
     """Commits a checkpoint in the version-1 layout (``checkpoint-<step>/`` with its files),
-    as a run begun before the upgrade has them: objects, MANIFEST.json, manifest.json."""
+    as a run begun before the upgrade has them: objects, MANIFEST.json, manifest.json.
+    ``upload_seconds``: the upload time its sidecar would have recorded."""
     prefix = f"{run_key}/{checkpoint_prefix(step)}"
     entries = []
     for path, data in files.items():
@@ -343,6 +355,7 @@ def commit_checkpoint_to(store: Store, run_key: str, step: int, files: dict[str,
         committed=now,
         files=len(entries),
         bytes=sum(len(d) for d in files.values()),
+        upload_seconds=upload_seconds,
     )
     # The fence the operator took stays: only the entries change.
     manifest = current.model_copy(update={"entries": [*current.entries, entry]})

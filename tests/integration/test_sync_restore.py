@@ -101,6 +101,9 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
     )
     assert {f["checksum_algorithm"] for f in ckpt["files"]} == {"CRC64NVME"}
     assert local.COMPLETE_MARKER not in {f["path"] for f in ckpt["files"]}
+    # The upload time the operator's save estimate is made of: the part's, and the entry's.
+    assert 0 < ckpt["upload_seconds"] < 120
+    assert entry["upload_seconds"] == ckpt["upload_seconds"]
     assert proc.terminate() == 0
     assert "checkpoint-10 committed" in proc.log()
 

@@ -35,17 +35,27 @@ def test_checkpoints_list_and_status_of_a_live_run(
 ) -> None:
     key = f"{prefix}/{runs.namespace}/cli"
     commit_checkpoint(s3, localenv.bucket, key, 10, {"model.safetensors": b"w" * 3000})
-    commit_checkpoint(s3, localenv.bucket, key, 20, {"model.safetensors": b"v" * 5000, "x": b"1"})
+    # Its upload took longer than the 120 s grace period: a save on preemption would be lost.
+    files = {"model.safetensors": b"v" * 5000, "x": b"1"}
+    commit_checkpoint(s3, localenv.bucket, key, 20, files, upload_seconds=150.0)
     # Committed before the run exists: its first attempt resumes from step 20.
     runs.create(trainingrun("cli", localenv, prefix, node=kwok_node()))
-    runs.wait_status(
+    status = runs.wait_status(
         "cli",
         lambda s: (
-            s.get("activePod") == "cli-1" and (s.get("latestCheckpoint") or {}).get("step") == 20
+            s.get("activePod") == "cli-1"
+            and (s.get("latestCheckpoint") or {}).get("step") == 20
+            and "saveEstimate" in s
         ),
         60,
-        "attempt 1 started from step 20",
+        "attempt 1 started from step 20, its save estimated",
     )
+    risk = next(c for c in status["conditions"] if c["type"] == "SaveAtRisk")
+    assert (risk["status"], risk["reason"]) == ("True", "SaveTooSlow")
+    assert status["saveEstimate"]["fits"] is False
+    assert status["saveEstimate"]["windowSeconds"] == 120
+    (warned,) = runs.wait_events("cli", "SaveTooSlow")
+    assert warned.type == "Warning" and "terminationGracePeriodSeconds" in warned.message
     s3.delete_object(Bucket=localenv.bucket, Key=f"{key}/checkpoints/checkpoint-20/x")
 
     for plugin in (False, True):
@@ -68,6 +78,7 @@ def test_checkpoints_list_and_status_of_a_live_run(
     assert fields["Attempt"] == "1"
     assert fields["Active pod"] == "cli-1"
     assert fields["Latest checkpoint"].startswith("step 20, format hf (")
+    assert fields["Save estimate"].startswith("150 s to upload, DOES NOT FIT the 120 s a save has")
     assert "Conditions" in fields
 
     # Piped into a reader that already went away (`| head -1` after its line): no traceback.

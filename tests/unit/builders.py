@@ -77,14 +77,19 @@ class RunBuilder:
         self._gang: dict[str, Any] = {}
         self._status: dict[str, Any] = {}
         self._latest: int | None = None
+        self._latest_upload: tuple[int | None, float | None] = (None, None)
         self._suspend = False
         self._queue: Queue | None = None
 
     # -- the bucket -------------------------------------------------------------------------
 
-    def with_checkpoint(self, step: int) -> Self:
-        """The newest committed checkpoint in the bucket manifest is ``step``."""
+    def with_checkpoint(
+        self, step: int, size: int | None = None, upload_seconds: float | None = None
+    ) -> Self:
+        """The newest committed checkpoint in the bucket manifest is ``step``, of ``size``
+        bytes whose upload took ``upload_seconds`` (None: not recorded)."""
         self._latest = step
+        self._latest_upload = (size, upload_seconds)
         return self
 
     def without_checkpoint(self) -> Self:
@@ -227,6 +232,8 @@ class RunBuilder:
             uri=f"{run_prefix(self.ref())}/{checkpoint_prefix(step)}",
             time="2025-01-01T11:00:00Z",
             format="hf",
+            bytes=self._latest_upload[0] if step == self._latest else None,
+            upload_seconds=self._latest_upload[1] if step == self._latest else None,
         )
 
     def latest(self) -> CheckpointRef | None:
@@ -444,6 +451,11 @@ class NodeBuilder:
         self._name = name
         self._ready = ("True", "KubeletReady")
         self._taints: list[dict[str, Any]] = []
+        self._labels: dict[str, str] = {"kubernetes.io/hostname": name}
+
+    def labelled(self, key: str, value: str) -> Self:
+        self._labels[key] = value
+        return self
 
     def not_ready(self, status: str = "False", reason: str = "KubeletNotReady") -> Self:
         self._ready = (status, reason)
@@ -465,7 +477,7 @@ class NodeBuilder:
         node: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Node",
-            "metadata": {"name": self._name, "labels": {"kubernetes.io/hostname": self._name}},
+            "metadata": {"name": self._name, "labels": dict(self._labels)},
             "spec": {},
             "status": {
                 "conditions": [

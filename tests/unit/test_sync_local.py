@@ -47,14 +47,14 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
 from trainingrun import local, transfer
-from trainingrun.contract import ANNOTATION_NOTICE
+from trainingrun.contract import ANNOTATION_NOTICE, format_bytes
 from trainingrun.layouts import Found, Proof
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
 from trainingrun.storage import Location, Store
 from trainingrun.sync import Sync, SyncSettings
 from trainingrun.syncsupport import LayoutReport, Metrics, read_annotation
 from trainingrun.syncsupport import watch as sync_watch
-from trainingrun.transfer import MiB, Progress, Throttle, format_bytes
+from trainingrun.transfer import MiB, Progress, Throttle
 
 
 def _write(path: Path, data: bytes = b"x", mtime: float | None = None) -> Path:

@@ -16,6 +16,7 @@ PROTECTED = "Protected"  # the running attempt has committed a checkpoint since 
 SUSPENDED = "Suspended"  # True while spec.suspend holds the run (decide.hold)
 ADMITTED = "Admitted"  # a queued run's admission by Kueue: False while it waits (decide.hold)
 WAITING = "Waiting"  # True while the next attempt's start is held back (decide.waits)
+SAVE_AT_RISK = "SaveAtRisk"  # True: a save on preemption would not upload in time (savefit)
 
 # -- how an attempt starts --------------------------------------------------------------------
 
@@ -37,6 +38,11 @@ CHECKPOINT_COMMITTED = "CheckpointCommitted"  # True: committed one since its tr
 AWAITING_CHECKPOINT = "AwaitingCheckpoint"  # Unknown: none yet, the deadline has not come
 UNPROTECTED = "Unprotected"  # False: none within spec.checkpoint.unprotectedAfterSeconds
 ACCESS_DENIED = "AccessDenied"  # False: the sync sidecar gave up on access denied
+
+# -- whether a save on preemption fits its window (the SaveAtRisk condition) -------------------
+
+SAVE_FITS = "SaveFits"  # False: the latest checkpoint's upload fits the window
+SAVE_TOO_SLOW = "SaveTooSlow"  # True: it does not
 
 # -- pauses and queues (the Suspended and Admitted conditions, decide.hold) --------------------
 

@@ -29,7 +29,7 @@ from typing import Any
 
 from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
-from trainingrun.decide import hold
+from trainingrun.decide import hold, savefit
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome, classify, parse_instant, stops_by_itself
 from trainingrun.decide.gang import Member, gang_outcome
@@ -109,6 +109,11 @@ def plan(obs: Observed) -> Plan:
     latest = _newer(obs.latest, status.latest_checkpoint)
     conds, events = hold.mark(status, obs.spec, obs.queue, obs.generation, obs.now)
     status = status.model_copy(update={"latest_checkpoint": latest, "conditions": conds})
+    # Between attempts (no node) the last estimate stays: it was made for the last node.
+    if obs.node is not None or status.save_estimate is None:
+        grace = obs.spec.preemption.termination_grace_period_seconds
+        status, fit = savefit.mark(status, grace, obs.node, obs.generation, obs.now)
+        events += fit
     p = _plan(status, obs)
     return replace(p, events=[*events, *p.events]) if events else p
 
