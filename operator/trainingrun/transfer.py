@@ -354,7 +354,7 @@ class Transfer:
                 crc = 0
                 at = offset
 
-                def sink(block: bytes) -> None:
+                def sink(block: bytes | memoryview) -> None:
                     nonlocal crc, at
                     if at + len(block) > offset + length:
                         raise VerificationFailed(f"{key}: more bytes than asked at {at}")

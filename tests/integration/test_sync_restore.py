@@ -34,6 +34,7 @@ from tests.integration.support import wait_for
 from tests.localenv import free_ports
 from trainingrun import local
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
+from trainingrun.s3store import READ_BLOCK, S3Store, _socket_reader
 
 MiB = 1 << 20
 HF_LIKE = {
@@ -396,3 +397,27 @@ def test_wrong_credentials_and_missing_bucket_are_named(
     wait_log(proc, "access denied", timeout=60)
     assert proc.proc.poll() is None  # keeps retrying: the trainer is never blocked
     assert "not-the-secret" not in proc.log()
+
+
+def test_ranged_reads_come_straight_from_the_connection(agent_s3: S3, run_key: str) -> None:
+    """The restore's reads take the direct path with the botocore and urllib3 of this build
+    (an upgrade that changes their layers falls back to botocore's chunks: this says so), and
+    hand over the range's bytes, all of them, in order, in blocks of at most READ_BLOCK."""
+    client = agent_s3.client()
+    data = bytes(range(256)) * (12 * 1024 + 7)  # 3 MiB and a bit, not a multiple of a block
+    key = f"{run_key}/blob"
+    client.put_object(Bucket=agent_s3.bucket, Key=key, Body=data)
+    resp = client.get_object(Bucket=agent_s3.bucket, Key=key, Range="bytes=0-9")
+    assert _socket_reader(resp["Body"]) is not None
+    resp["Body"].close()
+
+    got, sizes = bytearray(), []
+
+    def sink(block: bytes | memoryview) -> None:
+        got.extend(block)
+        sizes.append(len(block))
+
+    store = S3Store(client, agent_s3.bucket)
+    assert store.read_range(key, 5, len(data) - 2, sink) == len(data) - 6
+    assert bytes(got) == data[5:-1]
+    assert max(sizes) <= READ_BLOCK
