@@ -35,6 +35,7 @@ import logging
 import random
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from trainingrun import checksum, protocol
@@ -145,13 +146,21 @@ def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Ca
 
 
 def verify_uploaded(
-    store: Store, ckpt: LocalCheckpoint, prefix: str, algo: Algorithm, sums: dict[str, str]
+    store: Store,
+    ckpt: LocalCheckpoint,
+    prefix: str,
+    algo: Algorithm,
+    sums: dict[str, str],
+    workers: int = 16,
 ) -> list[FileEntry]:
     """The MANIFEST.json entries of an uploaded checkpoint, once every object is there with the
     size we read and, where the endpoint stores it, our checksum. A file whose size changed since
-    the scan is still being written (FileChanged); a wrong object is VerificationFailed."""
-    entries = []
-    for rel, size in ckpt.files:
+    the scan is still being written (FileChanged); a wrong object is VerificationFailed. The
+    objects are looked at by ``workers`` at once: one at a time, the 1,000 files of an adapter
+    checkpoint took longer to verify than to upload."""
+
+    def check(file: tuple[str, int]) -> FileEntry:
+        rel, size = file
         key = f"{prefix}/{rel}"
         if (ckpt.path / rel).stat().st_size != size:
             raise FileChanged(f"{ckpt.path / rel} changed size during the upload")
@@ -160,10 +169,12 @@ def verify_uploaded(
             raise VerificationFailed(f"{key}: expected {size} bytes, found {head and head[0]}")
         if head[1] is not None and head[1] != sums[key]:
             raise VerificationFailed(f"{key}: stored checksum {head[1]} != ours {sums[key]}")
-        entries.append(
-            FileEntry(path=rel, size=size, checksum_algorithm=algo.name, checksum=sums[key])
-        )
-    return entries
+        return FileEntry(path=rel, size=size, checksum_algorithm=algo.name, checksum=sums[key])
+
+    if len(ckpt.files) < 2:
+        return [check(f) for f in ckpt.files]
+    with ThreadPoolExecutor(min(workers, len(ckpt.files)), thread_name_prefix="verify") as pool:
+        return list(pool.map(check, ckpt.files))
 
 
 def _backoff(attempt: int) -> None:

@@ -287,7 +287,8 @@ class Sync:
         pairs = [(str(ckpt.path / rel), f"{prefix}/{rel}") for rel, _ in ckpt.files]
         sums = self.transfer.upload_files(pairs, algo, progress)
         self.metrics.files.inc(len(pairs))
-        entries = verify_uploaded(self.store, ckpt, prefix, algo, sums)
+        workers = self.s.transfer.concurrency
+        entries = verify_uploaded(self.store, ckpt, prefix, algo, sums, workers)
         elapsed = time.monotonic() - started
         part = CheckpointManifest(
             version=MANIFEST_VERSION,
