@@ -190,7 +190,8 @@ class S3Store:
                 f"{where}: no credentials found; set spec.checkpoint.storage.credentialsSecret "
                 "or give the pod an identity (IRSA, Workload Identity)"
             )
-        if isinstance(err, (botocore.exceptions.BotoCoreError, OSError)):
+        # HTTPException: a body cut short under the direct reads of ``_stream`` (IncompleteRead).
+        if isinstance(err, (botocore.exceptions.BotoCoreError, OSError, http.client.HTTPException)):
             return StorageUnavailable(f"{where}: {err}")
         raise err
 

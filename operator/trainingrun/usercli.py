@@ -168,8 +168,9 @@ def save_line(est: dict[str, Any]) -> str:
     if not est:
         return ""
     verdict = "fits" if est.get("fits") else "DOES NOT FIT"
+    seconds = float(est.get("uploadSeconds", 0))
     return (
-        f"{est.get('uploadSeconds', 0):.0f} s to upload, {verdict} the "
+        f"{seconds:.{1 if seconds < 10 else 0}f} s to upload, {verdict} the "
         f"{est.get('windowSeconds', 0)} s a save has ({est.get('message', '')})"
     )
 

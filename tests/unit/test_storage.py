@@ -26,6 +26,7 @@ Covers:
 
 from __future__ import annotations
 
+import http.client
 import json
 from typing import Any, cast
 
@@ -385,6 +386,12 @@ def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
             id="connection-refused",
         ),
         pytest.param(ConnectionResetError("reset"), StorageUnavailable, "reset", id="os-error"),
+        pytest.param(
+            http.client.IncompleteRead(b"x", 99),
+            StorageUnavailable,
+            "99 more expected",
+            id="body-cut-short",
+        ),
     ],
 )
 def test_errors_are_translated(err: Exception, kind: type[StorageError], words: str) -> None:

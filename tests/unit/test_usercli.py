@@ -220,3 +220,22 @@ def test_no_manifest_no_rows() -> None:
 )
 def test_status_lists_each_pod_of_the_attempt(pod: dict[str, Any], row: list[str]) -> None:
     assert usercli.pod_row(pod) == row
+
+
+@pytest.mark.parametrize(
+    "est,line",
+    [
+        ({}, ""),
+        (
+            {"uploadSeconds": 0.123, "fits": True, "windowSeconds": 60, "message": "m"},
+            "0.1 s to upload, fits the 60 s a save has (m)",
+        ),
+        (
+            {"uploadSeconds": 150.0, "fits": False, "windowSeconds": 120, "message": "m"},
+            "150 s to upload, DOES NOT FIT the 120 s a save has (m)",
+        ),
+    ],
+    ids=["none", "under-a-second", "too-slow"],
+)
+def test_status_shows_whether_a_save_fits(est: dict[str, Any], line: str) -> None:
+    assert usercli.save_line(est) == line
