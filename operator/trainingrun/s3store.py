@@ -21,6 +21,7 @@ from typing import Any
 import boto3
 import botocore.exceptions
 from botocore.config import Config
+from botocore.response import StreamingBody
 
 from trainingrun.checksum import Algorithm
 from trainingrun.storebase import (
@@ -56,7 +57,7 @@ def _socket_reader(body: Any) -> Any:
     stream = getattr(body, "_raw_stream", None)
     fp = getattr(stream, "_fp", None)
     headers = getattr(stream, "headers", None) or {}
-    if type(body).__name__ != "StreamingBody" or not isinstance(fp, http.client.HTTPResponse):
+    if type(body) is not StreamingBody or not isinstance(fp, http.client.HTTPResponse):
         return None
     if headers.get("content-encoding") not in (None, "", "identity"):
         return None
