@@ -5,7 +5,13 @@ runs, then marks those pods Failed one by one at a fixed rate (as a kubelet woul
 for each, the time from the Failed status write to the replacement pod ``<run>-2`` appearing in
 a watch. Reports p50, p99 and max of that latency, the operator process's peak RSS (VmHWM), and
 the CPU time the operator spent while the failures were handled, per replacement (a figure the
-other load on a shared machine disturbs less than the latency).
+other load on a shared machine disturbs less than the latency), and the operator's own calls per
+replacement: to the API server (reads, writes, Events: its ``trainingrun_api_calls`` metric) and
+to the bucket (``trainingrun_bucket_calls``).
+
+``--runs`` takes several fleet sizes (``--runs 250,1000,5000``): each is measured in turn with a
+fresh operator and namespace, and kwok nodes scaled to match (``--pods-per-node``); the table
+compares them, and the CPU per replacement of the largest with that of the smallest.
 
 With ``--replicas R`` above 1, each run is a gang of R pods ``<run>-<attempt>-<rank>`` on R
 distinct nodes (at least R kwok nodes are made), and one member of each run (a rank drawn with
@@ -15,7 +21,7 @@ seconds, that the other R-1 pods of attempt 1 are gone (the failed one stays for
 that each run's status counts restarts 1 and preemptions 0, and counts the ERROR and WARNING
 lines the operator logged meanwhile. Its own section of the markdown.
 
-    .venv/bin/python -m tests.bench_operator [--runs 500] [--replicas 1] [--rate 20]
+    .venv/bin/python -m tests.bench_operator [--runs 500[,1000,...]] [--replicas 1] [--rate 20]
         [--write docs/benchmarks.md]
 
 Uses the local environment (``make cluster``), starting it when it is not up, in a namespace of
@@ -26,7 +32,9 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import random
+import re
 import statistics
 import sys
 import threading
@@ -46,6 +54,7 @@ from tests.integration.support import (
     trainingrun,
 )
 from trainingrun import api
+from trainingrun.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Operator: failed attempt to replacement pod"
@@ -75,12 +84,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--runs", type=int, default=500)
+    parser.add_argument(
+        "--runs",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[500],
+        help="fleet sizes, comma-separated: each is measured in turn",
+    )
     parser.add_argument(
         "--replicas", type=int, default=1, help="pods per attempt (spec.replicas) of every run"
     )
     parser.add_argument(
-        "--nodes", type=int, default=20, help="kwok nodes; raised to --replicas when below it"
+        "--nodes", type=int, default=20, help="kwok nodes at least; raised to --replicas"
+    )
+    parser.add_argument(
+        "--pods-per-node",
+        type=int,
+        default=50,
+        help="more kwok nodes for a larger fleet: at least runs x replicas / this many",
     )
     parser.add_argument("--rate", type=float, default=20.0, help="failures injected per second")
     parser.add_argument(
@@ -90,7 +110,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--resync", type=float, default=30.0, help="operator resync interval (s) during the run"
     )
     parser.add_argument(
-        "--timeout", type=float, default=900.0, help="bound on the run up to the replacements (s)"
+        "--resync-rate",
+        type=float,
+        default=OperatorSettings.resync_rate,
+        help="operator's bound on periodic passes a second (TRAININGRUN_RESYNC_RATE)",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900.0,
+        help="bound on each fleet size's run up to the replacements (s)",
     )
     parser.add_argument(
         "--settle",
@@ -102,8 +131,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--write", type=Path, help="replace the operator section of this markdown file"
     )
     args = parser.parse_args(argv)
-    if args.runs < 1 or args.replicas < 1 or args.rate <= 0:
-        parser.error("--runs and --replicas must be at least 1, --rate above 0")
+    if min(args.runs) < 1 or args.replicas < 1 or args.rate <= 0 or args.pods_per_node < 1:
+        parser.error("--runs, --replicas and --pods-per-node must be at least 1, --rate above 0")
+    if args.replicas > 1 and len(args.runs) > 1:
+        parser.error("gangs (--replicas above 1) are measured at one fleet size")
     # The operator's anti-affinity puts the pods of one attempt on distinct nodes.
     args.nodes = max(args.nodes, args.replicas)
     return args
@@ -161,13 +192,15 @@ def tear_down(cluster: Cluster) -> None:
             core.delete_node(n)
 
 
-def start_operator(cluster: Cluster, resync: float) -> OperatorProcess:
+def start_operator(cluster: Cluster, resync: float, resync_rate: float) -> OperatorProcess:
     OPERATOR_LOG.parent.mkdir(exist_ok=True)
     op = OperatorProcess(
         cluster.env,
         OPERATOR_LOG,
+        metrics_port=localenv.free_ports(1)[0],
         extra_env={
             "TRAININGRUN_RESYNC_SECONDS": str(resync),
+            "TRAININGRUN_RESYNC_RATE": str(resync_rate),
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": str(resync),
         },
     )
@@ -232,10 +265,12 @@ def create_runs(cluster: Cluster, names: list[str], replicas: int) -> None:
 
 def wait_attempt_1_running(cluster: Cluster, expected: int, t0: float, deadline: float) -> None:
     def running() -> int:
-        pods = cluster.core.list_namespaced_pod(
-            cluster.ns, label_selector="trainingrun.dev/attempt=1"
-        ).items
-        return sum(1 for p in pods if p.status.phase == "Running")
+        # Raw JSON: the client's models of 5,000 pods take seconds of CPU on these cores.
+        resp = cluster.core.list_namespaced_pod(
+            cluster.ns, label_selector="trainingrun.dev/attempt=1", _preload_content=False
+        )
+        pods = json.loads(resp.data)["items"]
+        return sum(1 for p in pods if (p.get("status") or {}).get("phase") == "Running")
 
     while (count := running()) < expected:
         if time.monotonic() > deadline:
@@ -358,24 +393,116 @@ def log_problems(path: Path, start: int) -> tuple[int, int]:
     return sum(1 for x in lines if " ERROR " in x), sum(1 for x in lines if " WARNING " in x)
 
 
-def single_lines(
-    args: argparse.Namespace, lat: Latencies, rss: float, cpu_ms: float
-) -> tuple[list[str], bool]:
-    latencies = lat.all
-    p50, p99 = percentile(latencies, 0.50), percentile(latencies, 0.99)
+@dataclass
+class Calls:
+    """The operator's calls while the failures were handled, per replacement."""
+
+    reads: float  # GETs to the API server
+    writes: float  # creates, patches, deletes to the API server, Events aside
+    events: float  # Events posted
+    bucket: float  # calls to the runs' bucket
+    detail: dict[str, float]  # per replacement, by "VERB resource" and "bucket operation"
+
+    @property
+    def api(self) -> float:
+        return self.reads + self.writes + self.events
+
+
+def calls_between(before: dict[str, float], after: dict[str, float], replacements: int) -> Calls:
+    """Per replacement, from two scrapes of the operator's metrics page."""
+    per = max(replacements, 1)
+    reads = writes = events = bucket = 0.0
+    detail: dict[str, float] = {}
+    for sample, value in after.items():
+        name, _, labels = sample.partition("{")
+        if name not in ("trainingrun_api_calls_total", "trainingrun_bucket_calls_total"):
+            continue
+        n = (value - before.get(sample, 0.0)) / per
+        found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if name == "trainingrun_bucket_calls_total":
+            bucket += n
+            label = f"bucket {found['operation']}"
+        else:
+            label = f"{found['verb']} {found['resource']}"
+            if found["resource"].endswith("/events"):
+                events += n
+            elif found["verb"] == "GET":
+                reads += n
+            else:
+                writes += n
+        if n:
+            detail[label] = n
+    return Calls(reads, writes, events, bucket, detail)
+
+
+@dataclass
+class Measured:
+    """One fleet size's figures."""
+
+    runs: int
+    nodes: int
+    lat: Latencies
+    rss: float
+    cpu_ms: float
+    calls: Calls
+    check: GangCheck | None = None
+    problems: tuple[int, int] = (0, 0)
+
+
+def single_lines(args: argparse.Namespace, sizes: list[Measured]) -> tuple[list[str], bool]:
+    """A table row per fleet size and the targets: p99 <= 1 s over the whole sequence (every
+    fifth), RSS <= 150 MB up to 1,000 runs; p99 <= 2 s and RSS <= 300 MB above; the CPU per
+    replacement of the largest fleet within 1.2x of the smallest's."""
     lines = [
-        f"- runs: {args.runs} on {args.nodes} kwok nodes; failures injected at {args.rate:g}/s",
-        f"- failed pod to replacement pod: p50 {p50:.3f} s, p99 {p99:.3f} s, "
-        f"max {max(latencies):.3f} s, mean {statistics.mean(latencies):.3f} s; "
-        f"replacements missing: {lat.missing}",
-        "- p99 by fifth of the failures, in order: "
-        + ", ".join(f"{v:.2f}" for v in by_fifth(latencies))
-        + " s",
-        f"- operator peak RSS (VmHWM): {rss:.0f} MB; operator CPU per replacement: {cpu_ms:.1f} ms",
-        "- targets: p99 <= 2 s, RSS <= 200 MB: "
-        + ("met" if p99 <= 2 and rss <= 200 and lat.missing == 0 else "NOT met"),
+        f"Failures injected at {args.rate:g}/s; resync {args.resync:g} s, at most "
+        f"{args.resync_rate:g} periodic passes a second. Calls are the "
+        "operator's own, per replacement: API reads (GET), writes (create, patch, delete), "
+        "Events, and bucket calls.",
+        "",
+        "| runs | kwok nodes | p50 | p99 | max | p99 by fifth of the failures | peak RSS "
+        "| CPU per replacement | API reads / writes / Events | bucket calls | missing |",
+        "|---:|---:|---:|---:|---:|---|---:|---:|---|---:|---:|",
     ]
-    return lines, lat.missing == 0
+    ok = True
+    for m in sizes:
+        lat = m.lat.all
+        p99 = percentile(lat, 0.99) if lat else float("inf")
+        fifths = by_fifth(lat) if lat else []
+        c = m.calls
+        lines.append(
+            f"| {m.runs} | {m.nodes} | {percentile(lat, 0.5) if lat else float('nan'):.3f} s "
+            f"| {p99:.3f} s | {max(lat, default=float('nan')):.3f} s "
+            f"| {', '.join(f'{v:.2f}' for v in fifths)} s | {m.rss:.0f} MB | {m.cpu_ms:.1f} ms "
+            f"| {c.reads:.2f} / {c.writes:.2f} / {c.events:.2f} | {c.bucket:.2f} "
+            f"| {m.lat.missing} |"
+        )
+    lines.append("")
+    for m in sizes:
+        lat = m.lat.all
+        small = m.runs <= 1000
+        p99_limit, rss_limit = (1.0, 150.0) if small else (2.0, 300.0)
+        worst = max(by_fifth(lat), default=float("inf")) if lat else float("inf")
+        met = worst <= p99_limit and m.rss <= rss_limit and m.lat.missing == 0
+        ok &= met
+        lines.append(
+            f"- {m.runs} runs: p99 <= {p99_limit:g} s in every fifth, peak RSS <= "
+            f"{rss_limit:g} MB, no replacement missing: " + ("met" if met else "NOT met")
+        )
+    if len(sizes) > 1:
+        first, last = sizes[0], sizes[-1]
+        ratio = last.cpu_ms / first.cpu_ms if first.cpu_ms else float("inf")
+        met = ratio <= 1.2
+        ok &= met
+        lines.append(
+            f"- CPU per replacement at {last.runs} runs = {ratio:.2f}x that at {first.runs} "
+            "(target <= 1.2x): " + ("met" if met else "NOT met")
+        )
+    biggest = sizes[-1]
+    lines.append(
+        f"- the calls of one replacement at {biggest.runs} runs: "
+        + ", ".join(f"{k} {v:.2f}" for k, v in sorted(biggest.calls.detail.items()))
+    )
+    return lines, ok
 
 
 def figures(values: list[float]) -> str:
@@ -387,19 +514,14 @@ def figures(values: list[float]) -> str:
     )
 
 
-def gang_lines(
-    args: argparse.Namespace,
-    lat: Latencies,
-    rss: float,
-    cpu_ms: float,
-    check: GangCheck,
-    problems: tuple[int, int],
-) -> tuple[list[str], bool]:
-    r, others = args.replicas, args.runs * (args.replicas - 1)
+def gang_lines(args: argparse.Namespace, m: Measured) -> tuple[list[str], bool]:
+    assert m.check is not None
+    lat, rss, cpu_ms, check, problems = m.lat, m.rss, m.cpu_ms, m.check, m.problems
+    r, others = args.replicas, m.runs * (args.replicas - 1)
     p99 = percentile(lat.all, 0.99) if lat.all else float("inf")
     clean = lat.missing == 0 and check.others_present == 0 and check.counter_mismatches == 0
     lines = [
-        f"- runs: {args.runs} of {r} pods (spec.replicas {r}) on {args.nodes} kwok nodes; "
+        f"- runs: {m.runs} of {r} pods (spec.replicas {r}) on {m.nodes} kwok nodes; "
         f"one member of each run (rank drawn with seed {args.seed}) failed at {args.rate:g}/s",
         f"- failed member to all {r} pods of the next attempt: {figures(lat.all)}; "
         f"runs without all {r}: {lat.missing}",
@@ -413,9 +535,11 @@ def gang_lines(
         f"(a gang of {r}): {cpu_ms:.1f} ms",
         f"- other pods of attempt 1 still there: {check.others_present} of {others} "
         f"({check.others_not_deleted} not asked to go), checked {check.seconds:.0f} s after "
-        f"the replacements; failed pods kept for their logs: {check.victims_kept} of {args.runs}",
+        f"the replacements; failed pods kept for their logs: {check.victims_kept} of {m.runs}",
         f"- runs whose status is not restarts 1, preemptions 0: {check.counter_mismatches}",
         f"- operator log of the run: {problems[0]} ERROR lines, {problems[1]} WARNING lines",
+        f"- operator calls per replacement (a gang of {r}): API reads {m.calls.reads:.2f}, "
+        f"writes {m.calls.writes:.2f}, Events {m.calls.events:.2f}; bucket {m.calls.bucket:.2f}",
         "- targets (those of replicas 1, on all pods): p99 <= 2 s, RSS <= 200 MB, nothing left "
         "over, counters right: " + ("met" if clean and p99 <= 2 and rss <= 200 else "NOT met"),
     ]
@@ -434,43 +558,64 @@ def write(path: Path, section: str, argv: list[str] | None, lines: list[str]) ->
     write_section(path, text)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
+def measure(args: argparse.Namespace, runs: int) -> Measured:
+    """One fleet size: set up, attempt 1 running everywhere, the failures, the replacements."""
     deadline = time.monotonic() + args.timeout
-    cluster = set_up(args.nodes)
+    nodes = max(args.nodes, -(-runs * args.replicas // args.pods_per_node))
+    cluster = set_up(nodes)
     log_from = OPERATOR_LOG.stat().st_size if OPERATOR_LOG.exists() else 0
-    op = start_operator(cluster, args.resync)
+    op = start_operator(cluster, args.resync, args.resync_rate)
     assert op.proc is not None
     watcher = ReplacementWatch(cluster, deadline)
+    check = None
     try:
-        names = [f"r{i:04d}" for i in range(args.runs)]
+        names = [f"r{i:04d}" for i in range(runs)]
         t0 = time.monotonic()
         create_runs(cluster, names, args.replicas)
-        wait_attempt_1_running(cluster, args.runs * args.replicas, t0, deadline)
+        wait_attempt_1_running(cluster, runs * args.replicas, t0, deadline)
         watcher.start()
         time.sleep(1)
 
         rng = random.Random(args.seed)
         victims = {n: pod_name(n, 1, rng.randrange(args.replicas), args.replicas) for n in names}
-        cpu_before = cpu_seconds(op.proc.pid)
+        cpu_before, calls_before = cpu_seconds(op.proc.pid), op.metrics()
         failed_at = inject_failures(cluster, victims, args.rate, deadline)
         lat = wait_replacements(watcher.created_at, names, failed_at, args.replicas, deadline)
         rss = peak_rss_mb(op.proc.pid)
-        cpu_ms = (cpu_seconds(op.proc.pid) - cpu_before) * 1000 / max(len(lat.all), 1)
-        check = check_gangs(cluster, victims, args.settle) if args.replicas > 1 else None
+        replacements = max(len(lat.all), 1)
+        cpu_ms = (cpu_seconds(op.proc.pid) - cpu_before) * 1000 / replacements
+        calls = calls_between(calls_before, op.metrics(), replacements)
+        if args.replicas > 1:
+            check = check_gangs(cluster, victims, args.settle)
     finally:
         watcher.stop()
         op.stop()
         tear_down(cluster)
+    problems = log_problems(OPERATOR_LOG, log_from)
+    return Measured(runs, nodes, lat, rss, cpu_ms, calls, check, problems)
 
-    if check is None:
-        lines, ok = single_lines(args, lat, rss, cpu_ms)
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    sizes = []
+    for runs in args.runs:
+        m = measure(args, runs)
+        print(
+            f"{runs} runs: p99 {percentile(m.lat.all, 0.99) if m.lat.all else float('inf'):.3f} s,"
+            f" RSS {m.rss:.0f} MB, CPU per replacement {m.cpu_ms:.1f} ms, API calls per "
+            f"replacement {m.calls.api:.2f}, bucket calls {m.calls.bucket:.2f}",
+            flush=True,
+        )
+        for what, n in sorted(m.calls.detail.items()):
+            print(f"  {n:6.2f}  {what}", flush=True)
+        sizes.append(m)
+    if args.replicas > 1:
+        lines, ok = gang_lines(args, sizes[0])
     else:
-        problems = log_problems(OPERATOR_LOG, log_from)
-        lines, ok = gang_lines(args, lat, rss, cpu_ms, check, problems)
+        lines, ok = single_lines(args, sizes)
     print("\n".join(lines))
     if args.write:
-        write(args.write, SECTION if check is None else GANG_SECTION, argv, lines)
+        write(args.write, SECTION if args.replicas == 1 else GANG_SECTION, argv, lines)
     return 0 if ok else 1
 
 

@@ -20,7 +20,7 @@ from prometheus_client import REGISTRY
 from trainingrun import api
 from trainingrun.contract import LABEL_RUN
 from trainingrun.events import EventPoster
-from trainingrun.kube import Kube, load_config
+from trainingrun.kube import CountingApiClient, Kube, load_config
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.reconciler import Reconciler
 from trainingrun.scheduler import Scheduler
@@ -36,8 +36,12 @@ class Operator:
 
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         self.metrics = OperatorMetrics(REGISTRY)
+        if isinstance(kube.api_client, CountingApiClient):
+            kube.api_client.on_call = self.metrics.count_api_call
         self.events = EventPoster(kube, self.metrics)
-        stores = RunStores(kube, settings.secret_ttl_seconds)
+        stores = RunStores(
+            kube, settings.secret_ttl_seconds, on_call=self.metrics.count_bucket_call
+        )
         self.reconciler = Reconciler(kube, stores, self.events, self.metrics, settings)
         self.metrics.count_runs_with(self.reconciler.view.phases)
         self.metrics.count_lingering_with(self.reconciler.old_pods.lingering)
@@ -46,6 +50,7 @@ class Operator:
             self.reconciler.view.runs.keys,
             settings.resync_seconds,
             workers=settings.workers,
+            resync_rate=settings.resync_rate,
         )
 
     def start(self) -> None:

@@ -53,6 +53,20 @@ class OperatorMetrics:
             ["result"],
             registry=r,
         )
+        self.api_calls = Counter(
+            "trainingrun_api_calls",
+            "Calls to the Kubernetes API server (the operator's own; not its watches), by verb "
+            "and the API path's template.",
+            ["verb", "resource"],
+            registry=r,
+        )
+        self.bucket_calls = Counter(
+            "trainingrun_bucket_calls",
+            "Calls of the operator to the runs' buckets, by the store operation (get, put, "
+            "head, list_objects, ...).",
+            ["operation"],
+            registry=r,
+        )
         self.old_pods_lingering = Gauge(
             "trainingrun_old_pods_lingering",
             "Pods of older attempts that do not go: still there after a grace-0 DELETE, or every "
@@ -68,6 +82,12 @@ class OperatorMetrics:
 
         for phase in PHASES:
             self.runs.labels(phase=phase).set_function(counter(phase))
+
+    def count_api_call(self, verb: str, resource: str) -> None:
+        self.api_calls.labels(verb=verb, resource=resource).inc()
+
+    def count_bucket_call(self, operation: str) -> None:
+        self.bucket_calls.labels(operation=operation).inc()
 
     def count_lingering_with(self, lingering: Callable[[], int]) -> None:
         """Makes the lingering old pods gauge read ``lingering()`` at scrape time."""

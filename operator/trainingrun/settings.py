@@ -9,6 +9,8 @@ the first event. The chart sets these variables from its values (charts/training
 - TRAININGRUN_AGENT_RESOURCES: their resources as JSON, ``{"requests": {..}, "limits": {..}}``
   (default: requests cpu 100m, memory 128Mi; limits memory 512Mi).
 - TRAININGRUN_RESYNC_SECONDS (10): every run is looked at this often, even without events.
+- TRAININGRUN_RESYNC_RATE (20): at most this many of those periodic looks a second; a fleet
+  larger than rate x seconds is looked at less often (5,000 runs: every 250 s).
 - TRAININGRUN_CHECKPOINT_REFRESH_SECONDS (15): a running attempt's newest committed checkpoint
   is re-read this often.
 - TRAININGRUN_NOTICE_TAINTS (none): notice taint keys beyond the built-in ones, comma-separated.
@@ -56,8 +58,11 @@ class ConfigurationError(ValueError):
 @dataclass(frozen=True)
 class OperatorSettings:
     agent: AgentSettings = field(default_factory=AgentSettings)
-    # How often every run is looked at even without events: backoff expiry, checkpoint refresh.
+    # How often every run is looked at even without events: a safety net, checkpoint refresh.
     resync_seconds: float = 10.0
+    # At most this many of those periodic passes a second, whatever the number of runs: a
+    # large fleet's interval stretches (5,000 runs: 250 s) instead of its load growing.
+    resync_rate: float = 20.0
     # How often a running attempt's latest checkpoint is re-read from the bucket manifest.
     checkpoint_refresh_seconds: float = 15.0
     # Notice taint keys the admin adds for the whole cluster (a run may name its own too).
@@ -126,6 +131,7 @@ class OperatorSettings:
         return cls(
             agent=agent,
             resync_seconds=_seconds(env, "TRAININGRUN_RESYNC_SECONDS", cls.resync_seconds),
+            resync_rate=_number(env, "TRAININGRUN_RESYNC_RATE", cls.resync_rate, minimum=0.1),
             checkpoint_refresh_seconds=_seconds(
                 env, "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", cls.checkpoint_refresh_seconds
             ),

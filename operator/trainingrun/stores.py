@@ -18,7 +18,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from trainingrun.api import CheckpointRef, StorageSpec
@@ -139,6 +139,26 @@ def public_message(error: Exception, storage: StorageSpec) -> str:
     return str(error)
 
 
+class CountedStore:
+    """A store that tells ``on_call(operation)`` of each call made through it (the operator's
+    bucket calls metric); every call goes on to the store unchanged."""
+
+    def __init__(self, store: Store, on_call: Callable[[str], None]) -> None:
+        self._store = store
+        self._on_call = on_call
+
+    def __getattr__(self, name: str) -> Any:
+        found = getattr(self._store, name)
+        if not callable(found):
+            return found
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._on_call(name)
+            return found(*args, **kwargs)
+
+        return counted
+
+
 class SecretReader(Protocol):
     """``trainingrun.kube.Kube.get_secret_data``: the decoded data, None when absent."""
 
@@ -154,6 +174,7 @@ class RunStores:
         monotonic: Callable[[], float] = time.monotonic,
         max_stores: int = 128,
         max_in_flight: int = 4,
+        on_call: Callable[[str], None] | None = None,
     ) -> None:
         self._secrets = secrets
         self._ttl = secret_ttl_seconds
@@ -165,6 +186,7 @@ class RunStores:
         self._stores_lock = threading.Lock()  # the dict: held for a lookup or an insert
         self._open_lock = threading.Lock()  # making a client
         self.slots = EndpointSlots(max_in_flight)
+        self._on_call = on_call
 
     def store_for(self, namespace: str, storage: StorageSpec, fresh: bool = False) -> Store:
         """The store of a run's bucket with the run's own credentials; ``fresh``: with the
@@ -190,6 +212,8 @@ class RunStores:
                 store = self._cached(key)
                 if store is None:
                     store = self._open(storage, creds)
+                    if self._on_call is not None:
+                        store = cast(Store, CountedStore(store, self._on_call))
                     self._keep(key, store)
         return store
 

@@ -161,6 +161,7 @@ def test_env_follows_values(helm: Path) -> None:
         "agent": {"image": {"repository": "reg.example/agent", "tag": "7", "pullPolicy": "Always"}},
         "operator": {
             "resyncSeconds": 30,
+            "resyncRate": 50,
             "checkpointRefreshSeconds": 45,
             "noticeTaints": ["example.com/reclaim", "other/notice"],
             "workers": 3,
@@ -171,6 +172,7 @@ def test_env_follows_values(helm: Path) -> None:
     assert env["TRAININGRUN_AGENT_IMAGE"] == "reg.example/agent:7"
     assert env["TRAININGRUN_AGENT_PULL_POLICY"] == "Always"
     assert env["TRAININGRUN_RESYNC_SECONDS"] == "30"
+    assert env["TRAININGRUN_RESYNC_RATE"] == "50"
     assert env["TRAININGRUN_CHECKPOINT_REFRESH_SECONDS"] == "45"
     assert env["TRAININGRUN_NOTICE_TAINTS"] == "example.com/reclaim,other/notice"
     assert env["TRAININGRUN_WORKERS"] == "3"
@@ -201,6 +203,7 @@ def test_env_defaults_match_the_operator_defaults(helm: Path) -> None:
     assert env["TRAININGRUN_AGENT_IMAGE"] == AgentSettings.image
     assert env["TRAININGRUN_AGENT_PULL_POLICY"] == AgentSettings.image_pull_policy
     assert float(env["TRAININGRUN_RESYNC_SECONDS"]) == OperatorSettings.resync_seconds
+    assert float(env["TRAININGRUN_RESYNC_RATE"]) == OperatorSettings.resync_rate
     assert (
         float(env["TRAININGRUN_CHECKPOINT_REFRESH_SECONDS"])
         == OperatorSettings.checkpoint_refresh_seconds

@@ -18,6 +18,7 @@ def test_defaults_with_nothing_set() -> None:
     s = OperatorSettings.from_env({})
     assert s == OperatorSettings()
     assert (s.resync_seconds, s.checkpoint_refresh_seconds, s.workers) == (10.0, 15.0, 8)
+    assert s.resync_rate == 20.0
     assert s.agent == AgentSettings()
     assert s.notice_taints == tuple(DEFAULT_NOTICE_TAINTS)
 
@@ -28,6 +29,7 @@ def test_every_variable_is_read() -> None:
             "TRAININGRUN_AGENT_IMAGE": "reg.example/agent:7",
             "TRAININGRUN_AGENT_PULL_POLICY": "Always",
             "TRAININGRUN_RESYNC_SECONDS": "30",
+            "TRAININGRUN_RESYNC_RATE": "7.5",
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "2.5",
             "TRAININGRUN_NOTICE_TAINTS": " example.com/reclaim, ,other/notice ",
             "TRAININGRUN_WORKERS": "3",
@@ -41,6 +43,7 @@ def test_every_variable_is_read() -> None:
         "limits": {"memory": "1Gi"},
     }
     assert (s.resync_seconds, s.checkpoint_refresh_seconds, s.workers) == (30.0, 2.5, 3)
+    assert s.resync_rate == 7.5
     assert s.extra_notice_taints == ("example.com/reclaim", "other/notice")
     assert s.notice_taints[-2:] == ("example.com/reclaim", "other/notice")
 
@@ -51,6 +54,8 @@ def test_every_variable_is_read() -> None:
         ("TRAININGRUN_RESYNC_SECONDS", "ten", "is not a number"),
         ("TRAININGRUN_RESYNC_SECONDS", "0", ">= 0.1"),
         ("TRAININGRUN_RESYNC_SECONDS", "nan", "finite"),
+        ("TRAININGRUN_RESYNC_RATE", "0", ">= 0.1"),
+        ("TRAININGRUN_RESYNC_RATE", "fast", "is not a number"),
         ("TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", "-1", ">= 0.1"),
         ("TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", "inf", "finite"),
         ("TRAININGRUN_WORKERS", "0", ">= 1"),
