@@ -399,7 +399,7 @@ class Calls:
 
     reads: float  # GETs to the API server
     writes: float  # creates, patches, deletes to the API server, Events aside
-    events: float  # Events posted
+    events: float  # Events handed to the poster (posted from its own thread)
     bucket: float  # calls to the runs' bucket
     detail: dict[str, float]  # per replacement, by "VERB resource" and "bucket operation"
 
@@ -415,23 +415,29 @@ def calls_between(before: dict[str, float], after: dict[str, float], replacement
     detail: dict[str, float] = {}
     for sample, value in after.items():
         name, _, labels = sample.partition("{")
-        if name not in ("trainingrun_api_calls_total", "trainingrun_bucket_calls_total"):
-            continue
         n = (value - before.get(sample, 0.0)) / per
         found = dict(re.findall(r'(\w+)="([^"]*)"', labels))
+        if name == "trainingrun_transitions_total":
+            # Events handed to the poster: its own thread may still be posting some.
+            events += n
+            continue
         if name == "trainingrun_bucket_calls_total":
             bucket += n
             label = f"bucket {found['operation']}"
-        else:
+        elif name == "trainingrun_api_calls_total":
             label = f"{found['verb']} {found['resource']}"
             if found["resource"].endswith("/events"):
-                events += n
-            elif found["verb"] == "GET":
+                continue  # counted as handed over, above
+            if found["verb"] == "GET":
                 reads += n
             else:
                 writes += n
+        else:
+            continue
         if n:
             detail[label] = n
+    if events:
+        detail["Events handed over"] = events
     return Calls(reads, writes, events, bucket, detail)
 
 

@@ -93,13 +93,36 @@ def limited(storage: StorageSpec) -> str | None:
 
 
 class EndpointSlots:
-    """At most ``limit`` calls in flight to one endpoint; a call that finds no free slot fails at
-    once: a worker never waits on another tenant's slow endpoint."""
+    """At most ``limit`` calls in flight to one endpoint. A call that finds every slot taken
+    waits for one, up to ``wait_seconds``, while the endpoint answers (its oldest call in flight
+    started under ``slow_seconds`` ago): a burst of starts on one shared endpoint (every tenant on
+    one MinIO, a spot pool reclaimed at once) queues for a moment instead of failing. Once the
+    oldest call is older than that, the endpoint is slow and a call past its slots fails at once
+    (EndpointBusy): a worker never waits long on another tenant's slow endpoint."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        wait_seconds: float = 2.0,
+        slow_seconds: float = 1.0,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.limit = limit
-        self._busy: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self.wait_seconds = wait_seconds
+        self.slow_seconds = slow_seconds
+        self._monotonic = monotonic
+        self._started: dict[str, list[float]] = {}  # endpoint -> when each call in flight began
+        self._freed = threading.Condition()
+
+    def _busy(self, endpoint: str, given_up_at: float) -> str | None:
+        """Why a call to ``endpoint`` may not wait for a slot any longer; None: it may."""
+        now = self._monotonic()
+        oldest = min(self._started[endpoint])
+        if now - oldest >= self.slow_seconds:
+            return f"its oldest has waited {now - oldest:.1f} s"
+        if now >= given_up_at:
+            return f"no slot came free in {self.wait_seconds:g} s"
+        return None
 
     @contextlib.contextmanager
     def hold(self, endpoint: str | None) -> Iterator[None]:
@@ -108,22 +131,28 @@ class EndpointSlots:
         if endpoint is None:
             yield
             return
-        with self._lock:
-            busy = self._busy.get(endpoint, 0)
-            if busy >= self.limit:
-                raise EndpointBusy(
-                    f"endpoint {endpoint} is busy or slow: {busy} calls to it are still waiting "
-                    "for an answer; the call is tried again on a later pass (if this lasts, "
-                    "check the endpoint's health and latency)"
-                )
-            self._busy[endpoint] = busy + 1
+        given_up_at = self._monotonic() + self.wait_seconds
+        with self._freed:
+            while len(calls := self._started.setdefault(endpoint, [])) >= self.limit:
+                why = self._busy(endpoint, given_up_at)
+                if why is not None:
+                    raise EndpointBusy(
+                        f"endpoint {endpoint} is busy or slow: {len(calls)} calls to it are "
+                        f"still waiting for an answer ({why}); the call is tried again on a "
+                        "later pass (if this lasts, check the endpoint's health and latency)"
+                    )
+                self._freed.wait(timeout=0.05)
+            began = self._monotonic()
+            calls.append(began)
         try:
             yield
         finally:
-            with self._lock:
-                self._busy[endpoint] -= 1
-                if not self._busy[endpoint]:
-                    del self._busy[endpoint]
+            with self._freed:
+                calls = self._started[endpoint]
+                calls.remove(began)
+                if not calls:
+                    del self._started[endpoint]
+                self._freed.notify_all()
 
 
 def public_message(error: Exception, storage: StorageSpec) -> str:
@@ -185,7 +214,7 @@ class RunStores:
         self._max_stores = max_stores
         self._stores_lock = threading.Lock()  # the dict: held for a lookup or an insert
         self._open_lock = threading.Lock()  # making a client
-        self.slots = EndpointSlots(max_in_flight)
+        self.slots = EndpointSlots(max_in_flight, monotonic=monotonic)
         self._on_call = on_call
 
     def store_for(self, namespace: str, storage: StorageSpec, fresh: bool = False) -> Store:

@@ -241,15 +241,26 @@ class _Store:
         return None
 
 
-def test_a_call_past_the_endpoints_slots_fails_at_once() -> None:
-    endpoints = Endpoints()
-    stores = RunStores(FakeKube(), 30.0, endpoints.open, max_in_flight=2)
+class Ticking:
+    """A monotonic clock that moves only when told (``now += seconds``)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_call_past_the_slots_of_a_slow_endpoint_fails_at_once() -> None:
+    endpoints, clock = Endpoints(), Ticking()
+    stores = RunStores(FakeKube(), 30.0, endpoints.open, max_in_flight=2, monotonic=clock)
     slow = [make_run(f"r{i}").with_storage(endpoint=SLOW).ref() for i in range(3)]
     held = [threading.Thread(target=stores.read_manifest, args=(ref,)) for ref in slow[:2]]
     for thread in held:
         thread.start()
     for _ in held:
         assert endpoints.waiting.acquire(timeout=5)
+    clock.now += stores.slots.slow_seconds  # its calls have not answered for a second
 
     started = time.monotonic()
     with pytest.raises(EndpointBusy, match=f"endpoint {SLOW} is busy or slow: 2 calls") as e:
@@ -260,10 +271,46 @@ def test_a_call_past_the_endpoints_slots_fails_at_once() -> None:
     for thread in held:
         thread.join(timeout=5)
 
-    assert refused_in < 1.0
+    assert refused_in < 0.5
+    assert "its oldest has waited 1.0 s" in str(e.value)
     assert isinstance(e.value, StorageUnavailable)  # what the reconciler already handles
     assert fast is None  # another tenant's endpoint was served meanwhile
     assert stores.read_manifest(slow[2]) is None  # the slots are free again
+
+
+def test_a_call_past_the_slots_of_an_answering_endpoint_waits_for_one() -> None:
+    """A burst on one shared endpoint queues: the call gets the slot its neighbour gives back."""
+    slots = EndpointSlots(limit=1)
+    taken, give_back = threading.Event(), threading.Event()
+
+    def neighbour() -> None:
+        with slots.hold(SLOW):
+            taken.set()
+            give_back.wait(timeout=5)
+
+    thread = threading.Thread(target=neighbour)
+    thread.start()
+    assert taken.wait(timeout=5)
+    threading.Timer(0.2, give_back.set).start()
+
+    started = time.monotonic()
+    with slots.hold(SLOW):
+        waited = time.monotonic() - started
+    thread.join(timeout=5)
+
+    assert 0.1 < waited < slots.wait_seconds
+
+
+def test_a_call_waits_for_a_slot_no_longer_than_its_bound() -> None:
+    clock = Ticking()
+    slots = EndpointSlots(limit=1, wait_seconds=0.3, slow_seconds=60.0, monotonic=clock)
+    with slots.hold(SLOW):
+        timer = threading.Timer(0.1, lambda: setattr(clock, "now", clock.now + 0.3))
+        timer.start()
+        with pytest.raises(EndpointBusy, match=r"no slot came free in 0\.3 s"):
+            slots.hold(SLOW).__enter__()
+    with slots.hold(SLOW):
+        pass  # the slot was given back, and the refused call took none
 
 
 def test_aws_s3_itself_is_not_limited() -> None:
@@ -278,7 +325,7 @@ def test_aws_s3_itself_is_not_limited() -> None:
 
 
 def test_endpoint_slots_are_given_back() -> None:
-    slots = EndpointSlots(limit=2)
+    slots = EndpointSlots(limit=2, wait_seconds=0.1)
     with slots.hold(SLOW), slots.hold(SLOW):
         with pytest.raises(EndpointBusy):
             slots.hold(SLOW).__enter__()
