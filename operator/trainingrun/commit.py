@@ -193,14 +193,22 @@ def _write_manifest(store: Store, key: str, body: bytes, etag: str | None, cas: 
         store.put(key, body, if_match=etag)
 
 
-def take_fence(store: Store, run: Location, run_uid: str, attempt: int) -> tuple[RunManifest, int]:
+def take_fence(
+    store: Store,
+    run: Location,
+    run_uid: str,
+    attempt: int,
+    seen: tuple[bytes, str] | None = None,
+) -> tuple[RunManifest, int]:
     """Takes the run's fence for ``attempt`` (the operator, before the attempt's pods exist):
     (the manifest as written, the attempt's epoch). Idempotent for one attempt. A version-1
-    manifest is upgraded in the same write. Raises StaleAttempt, ManifestError, StorageError."""
+    manifest is upgraded in the same write. ``seen``: the manifest's bytes and ETag as the
+    caller just read them, used instead of a first read (a compare-and-swap on a stale ETag
+    fails, and the next try reads afresh). Raises StaleAttempt, ManifestError, StorageError."""
     key = run.key(RUN_MANIFEST)
     mine = protocol.holder_of(run_uid, attempt)
     for i in range(CAS_ATTEMPTS):
-        got = store.get_with_etag(key)
+        got = seen if i == 0 and seen is not None else store.get_with_etag(key)
         manifest = parse_run_manifest(got[0]) if got else None
         updated, epoch = protocol.take_fence(manifest, run_uid, attempt)
         if updated is None:

@@ -38,6 +38,19 @@ def _read(store: Store, run: Location, what: str, cap: int) -> bytes | None:
         raise too_large(f"s3://{run.bucket}/{run.key(what)}", e.size, cap) from e
 
 
+def read_run_manifest_tagged(
+    store: Store, run: Location
+) -> tuple[RunManifest | None, tuple[bytes, str] | None]:
+    """The run's manifest and its bytes with their ETag, as ``take_fence`` takes them (``seen``);
+    (None, None) when there is none yet. Raises as read_run_manifest."""
+    key = run.key(RUN_MANIFEST)
+    try:
+        got = store.get_with_etag(key)
+    except TooLarge as e:
+        raise too_large(f"s3://{run.bucket}/{key}", e.size, RUN_MANIFEST_MAX_BYTES) from e
+    return (parse_run_manifest(got[0]), got) if got is not None else (None, None)
+
+
 def read_run_manifest(store: Store, run: Location) -> RunManifest | None:
     """The run's manifest, None when there is none yet. Raises ManifestError (ManifestTooLarge
     past RUN_MANIFEST_MAX_BYTES or MAX_ENTRIES)."""

@@ -200,15 +200,21 @@ class Reconciler:
         made = running if seen.latest is None else None
         obs = replace(obs, latest=seen.latest)
         p = made if made is not None else plan(obs)
-        again = self._apply(run, ref, obs, p)
+        again = self._apply(run, ref, obs, p, seen.seen)
         self.queues.settle(run, p.status, workload, self.view, self._now())
         return sooner(again, self.queues.poll_after(queue, p.status))
 
     def _apply(
-        self, run: dict[str, Any], ref: RunRef, obs: Observed, made: Plan | None = None
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        made: Plan | None = None,
+        seen: tuple[bytes, str] | None = None,
     ) -> float | None:
         """Status first, then Events, then the pods; the next attempt's pod only after the
-        status that records the attempt has landed. ``made``: the plan of ``obs``, if made."""
+        status that records the attempt has landed. ``made``: the plan of ``obs``, if made;
+        ``seen``: the bucket manifest as this pass read it, if it did."""
         p = made if made is not None else plan(obs)
         self.writer.write(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
@@ -225,7 +231,7 @@ class Reconciler:
         wait = self.old_pods.drain_wait(ref.namespace, ref.name, ref.uid, p.status.attempt, obs.now)
         if wait is not None:
             return sooner(wait, again)
-        return sooner(self._start_attempt(run, ref, obs, p.status), again)
+        return sooner(self._start_attempt(run, ref, obs, p.status, seen), again)
 
     def _checkpoints(self, ref: RunRef, mem: RunMemory, due: bool, first: bool) -> Checkpoints:
         """The run manifest when ``due`` (an attempt ended, or is about to be warned
@@ -250,7 +256,12 @@ class Reconciler:
         return seen
 
     def _start_attempt(
-        self, run: dict[str, Any], ref: RunRef, obs: Observed, status: TrainingRunStatus
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        status: TrainingRunStatus,
+        seen: tuple[bytes, str] | None = None,
     ) -> float | None:
         """Creates the pods of ``status.attempt`` from the newest usable checkpoint."""
         namespace, name = ref.namespace, ref.name
@@ -261,7 +272,7 @@ class Reconciler:
         try:
             # The fence first: from here no older attempt can commit, so the choice below sees
             # every checkpoint there will be before this attempt's own.
-            manifest, epoch = self.stores.take_fence(ref, status.attempt)
+            manifest, epoch = self.stores.take_fence(ref, status.attempt, seen)
             choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
         except (MissingSecret, StorageMisconfigured) as e:
             return self._unusable_storage(run, status, e, obs.now)

@@ -9,8 +9,8 @@ the first event. The chart sets these variables from its values (charts/training
 - TRAININGRUN_AGENT_RESOURCES: their resources as JSON, ``{"requests": {..}, "limits": {..}}``
   (default: requests cpu 100m, memory 128Mi; limits memory 512Mi).
 - TRAININGRUN_RESYNC_SECONDS (10): every run is looked at this often, even without events.
-- TRAININGRUN_RESYNC_RATE (20): at most this many of those periodic looks a second; a fleet
-  larger than rate x seconds is looked at less often (5,000 runs: every 250 s).
+- TRAININGRUN_RESYNC_RATE (10): at most this many of those periodic looks a second; a fleet
+  larger than rate x seconds is looked at less often (5,000 runs: every 500 s).
 - TRAININGRUN_CHECKPOINT_REFRESH_SECONDS (15): a running attempt's newest committed checkpoint
   is re-read this often.
 - TRAININGRUN_NOTICE_TAINTS (none): notice taint keys beyond the built-in ones, comma-separated.
@@ -61,8 +61,8 @@ class OperatorSettings:
     # How often every run is looked at even without events: a safety net, checkpoint refresh.
     resync_seconds: float = 10.0
     # At most this many of those periodic passes a second, whatever the number of runs: a
-    # large fleet's interval stretches (5,000 runs: 250 s) instead of its load growing.
-    resync_rate: float = 20.0
+    # large fleet's interval stretches (5,000 runs: 500 s) instead of its load growing.
+    resync_rate: float = 10.0
     # How often a running attempt's latest checkpoint is re-read from the bucket manifest.
     checkpoint_refresh_seconds: float = 15.0
     # Notice taint keys the admin adds for the whole cluster (a run may name its own too).

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from trainingrun.api import CheckpointRef, StorageSpec
 from trainingrun.commit import take_fence
-from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest
+from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest_tagged
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.manifest import RunManifest
@@ -46,6 +46,8 @@ class Checkpoints:
     read: bool = False
     manifest: RunManifest | None = None
     latest: CheckpointRef | None = None  # the newest committed checkpoint, as status shows it
+    # The manifest's bytes and ETag as read: the fence taken in the same pass starts from them.
+    seen: tuple[bytes, str] | None = None
 
 
 OpenStore = Callable[[StorageSpec, SecretValues | None], Store]
@@ -285,17 +287,20 @@ class RunStores:
     def read_manifest(self, ref: RunRef) -> RunManifest | None:
         """The run's manifest; None when nothing was committed yet. Raises MissingSecret,
         StorageError (EndpointBusy), ManifestError."""
+        return self._read_tagged(ref)[0]
+
+    def _read_tagged(self, ref: RunRef) -> tuple[RunManifest | None, tuple[bytes, str] | None]:
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage)
         with self.slots.hold(limited(storage)):
-            return read_run_manifest(store, parse_uri(run_prefix(ref)))
+            return read_run_manifest_tagged(store, parse_uri(run_prefix(ref)))
 
     def checkpoints(self, ref: RunRef) -> Checkpoints:
         """The run's manifest and its newest committed checkpoint. Raises as read_manifest."""
-        manifest = self.read_manifest(ref)
+        manifest, seen = self._read_tagged(ref)
         entry = manifest.latest if manifest else None
         if entry is None:
-            return Checkpoints(True, manifest, None)
+            return Checkpoints(True, manifest, None, seen)
         uri = f"{run_prefix(ref)}/{entry.prefix}"
         # No layout recorded: the HF Trainer's checkpoint-<step>/ (all that version 1 wrote).
         fmt = entry.layout.format if entry.layout else "hf"
@@ -307,17 +312,20 @@ class RunStores:
             bytes=entry.bytes,
             upload_seconds=entry.upload_seconds,
         )
-        return Checkpoints(True, manifest, latest)
+        return Checkpoints(True, manifest, latest, seen)
 
-    def take_fence(self, ref: RunRef, attempt: int) -> tuple[RunManifest, int]:
+    def take_fence(
+        self, ref: RunRef, attempt: int, seen: tuple[bytes, str] | None = None
+    ) -> tuple[RunManifest, int]:
         """Takes the run's fence for ``attempt``: (the manifest as written, the attempt's
-        epoch). Raises MissingSecret, StaleAttempt, StorageError (EndpointBusy), ManifestError.
+        epoch), from the manifest as ``seen`` in this pass when given (commit.take_fence).
+        Raises MissingSecret, StaleAttempt, StorageError (EndpointBusy), ManifestError.
         The Secret is read afresh: the attempt's pod takes its keys from it, and a pod whose
         Secret is gone cannot start its containers, so a deleted Secret holds the start."""
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage, fresh=True)
         with self.slots.hold(limited(storage)):
-            return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt)
+            return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt, seen)
 
     def choose(self, ref: RunRef, bad: set[int], manifest: RunManifest | None) -> Choice:
         """The newest committed checkpoint that verifies, given the manifest just read. Raises

@@ -181,3 +181,31 @@ def test_a_sweep_of_some_steps_lists_and_deletes_only_their_folders() -> None:
     assert sorted(bucket.objects) == sorted([RUN.key("manifest.json"), left[1]])
     assert committer.sweep(manifest) == 1  # all folders: what the sidecar does at its start
     assert list(bucket.objects) == [RUN.key("manifest.json")]
+
+
+def test_the_fence_starts_from_the_manifest_the_pass_just_read() -> None:
+    bucket = DictStore()
+    take_fence(cast(Store, bucket), RUN, UID, 1)
+    got = bucket.get_with_etag(RUN.key("manifest.json"))
+    bucket.gets.clear()
+
+    manifest, epoch = take_fence(cast(Store, bucket), RUN, UID, 2, seen=got)
+
+    # No first read: the compare-and-swap on the ETag seen, then the read that confirms it.
+    assert bucket.gets == [RUN.key("manifest.json")]
+    assert (manifest.fence, epoch) == (2, 2)
+
+
+def test_a_stale_manifest_seen_costs_one_more_read_and_loses_nothing() -> None:
+    bucket = DictStore()
+    take_fence(cast(Store, bucket), RUN, UID, 1)
+    stale = bucket.get_with_etag(RUN.key("manifest.json"))
+    take_fence(cast(Store, bucket), RUN, UID, 2)  # the manifest changed since it was seen
+    bucket.gets.clear()
+
+    manifest, epoch = take_fence(cast(Store, bucket), RUN, UID, 3, seen=stale)
+
+    # The compare-and-swap on the stale ETag failed; the next try read afresh.
+    assert bucket.gets == [RUN.key("manifest.json")] * 2
+    assert (manifest.fence, epoch) == (3, 3)
+    assert read_run_manifest(cast(Store, bucket), RUN) == manifest

@@ -234,6 +234,22 @@ def test_preemption_resubmits_in_the_same_pass_without_backoff() -> None:
     assert w.events.posted[1][0] == "Normal"
 
 
+def test_a_resubmission_reads_the_run_manifest_twice() -> None:
+    """The pass reads the manifest to judge the ending; the fence starts from that read (its
+    ETag) and reads once more to confirm the compare-and-swap: no third read of the object."""
+    w = World()
+    w.reconcile()
+    w.bucket.commit(w.location, 30)
+    w.report(make_pod("r1-1").on_node().phase("Failed").condition("DisruptionTarget"))
+    w.bucket.gets.clear()
+
+    w.reconcile()
+
+    manifest = w.location.key(RUN_MANIFEST)
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert [key for key in w.bucket.gets if key == manifest] == [manifest, manifest]
+
+
 @pytest.mark.parametrize("created", [False, True], ids=["before-create", "after-create"])
 def test_operator_restart_between_the_two_steps_makes_one_pod(created: bool) -> None:
     """Step 1 (attempt 2 recorded, no pod) landed; the operator stopped before the create, or

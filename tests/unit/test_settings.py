@@ -18,7 +18,7 @@ def test_defaults_with_nothing_set() -> None:
     s = OperatorSettings.from_env({})
     assert s == OperatorSettings()
     assert (s.resync_seconds, s.checkpoint_refresh_seconds, s.workers) == (10.0, 15.0, 8)
-    assert s.resync_rate == 20.0
+    assert s.resync_rate == 10.0
     assert s.agent == AgentSettings()
     assert s.notice_taints == tuple(DEFAULT_NOTICE_TAINTS)
 
