@@ -26,10 +26,12 @@ from pydantic import ValidationError
 
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.cache import ClusterView, ObjectReader
+from trainingrun.committed import Choice
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
 from trainingrun.decide.pod import (
+    AgentSettings,
     RunRef,
     build_pod,
     gang_name_problem,
@@ -288,24 +290,12 @@ class Reconciler:
             why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
             said = public_message(e, ref.spec.checkpoint.storage)
             message = f"cannot take the fence or read checkpoints in the bucket, retrying: {said}"
-            return self.writer.wait(
-                run,
-                status,
-                wait(status, obs.generation, why, message, obs.now),
-            )
+            held = wait(status, obs.generation, why, message, obs.now)
+            return self.writer.wait(run, status, held)
         for step, why in choice.rejected:
             message = f"checkpoint {step} not used: {why}"
             self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
-        entry = choice.entry
-        resume = (
-            resume_of(ref, entry.step, Layout.resume_path(entry.layout, entry.step))
-            if entry
-            else None
-        )
-        pods = [
-            build_pod(ref, status.attempt, resume, self.settings.agent, epoch, rank)
-            for rank in range(ref.spec.replicas)
-        ]
+        pods = attempt_pods(ref, status.attempt, choice, epoch, self.settings.agent)
         launched = self.launcher.launch(run, ref, pods)
         if launched.invalid is not None:
             self.writer.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
@@ -335,6 +325,20 @@ class Reconciler:
             self.writer.fail(run, status, R.MISSING_SECRET, str(e), now)
             return None
         return self.writer.wait(run, status, held)
+
+
+def attempt_pods(
+    ref: RunRef, attempt: int, choice: Choice, epoch: int, agent: AgentSettings
+) -> list[dict[str, Any]]:
+    """The pods of ``attempt``, one per rank, resumed from the chosen checkpoint (none: from
+    scratch)."""
+    entry = choice.entry
+    resume = (
+        resume_of(ref, entry.step, Layout.resume_path(entry.layout, entry.step)) if entry else None
+    )
+    return [
+        build_pod(ref, attempt, resume, agent, epoch, rank) for rank in range(ref.spec.replicas)
+    ]
 
 
 def storage_refused(

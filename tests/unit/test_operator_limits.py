@@ -240,6 +240,10 @@ class _Store:
             self.endpoints.release.wait(timeout=5)
         return None
 
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        self.get(key)
+        return None
+
 
 class Ticking:
     """A monotonic clock that moves only when told (``now += seconds``)."""
