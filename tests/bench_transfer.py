@@ -26,9 +26,13 @@ The contenders:
   HTTP to the endpoint), every file submitted at once, best of a small grid of part size x target
   throughput.
 
-The baselines download the committed copy that sync made (the restore's source): the files of the
-checkpoint, without its MANIFEST.json. Every upload and download is checked after it (not timed):
-the objects or files it left must be the checkpoint's, by name and size.
+Each client downloads the copy it would have made itself: the restore reads the checkpoint sync
+committed (its MANIFEST.json, the large files each an object, the small ones packed); the
+baselines read a plain copy of the folder, one object per file, put there once by s5cmd (not
+timed). Before each round's downloads both copies are read once, not timed, so that whoever
+goes first does not pay for the uploads, deletes and SeaweedFS vacuum just before it. Every
+upload and download is checked after it (not timed): the files it left, or those its
+MANIFEST.json names (whose objects must be there), must be the checkpoint's by name and size.
 
 Rounds alternate the contenders (the order rotates each round) so the shared machine's noise falls
 on all of them alike; the median of the rounds is reported, in MiB/s and in CPU seconds per GiB of
@@ -78,7 +82,12 @@ from tests.benchutil import write_section
 from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
 from trainingrun.local import scan
-from trainingrun.manifest import CHECKPOINT_MANIFEST, checkpoint_dirname
+from trainingrun.manifest import (
+    CHECKPOINT_MANIFEST,
+    CheckpointManifest,
+    checkpoint_dirname,
+    listing_problems,
+)
 from trainingrun.restore import RestoreSettings, restore
 from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
 from trainingrun.sync import Sync, SyncSettings
@@ -289,12 +298,23 @@ class Bench:
 
     def check_upload(self, name: str, prefix: str) -> None:
         root = self.data_prefix(prefix)
-        found = {
-            k[len(root) + 1 :]: size
-            for k, size in self.store(4).list_objects(f"{root}/")
-            if k != f"{root}/{CHECKPOINT_MANIFEST}"
-        }
-        self.compare(f"{name} upload to {root}", found)
+        store = self.store(4)
+        listing = {k[len(root) + 1 :]: size for k, size in store.list_objects(f"{root}/")}
+        raw = store.get(f"{root}/{CHECKPOINT_MANIFEST}")
+        if raw is None:
+            self.compare(f"{name} upload to {root}", listing)
+            return
+        part = CheckpointManifest.model_validate_json(raw)
+        problems = listing_problems(part, listing)
+        if problems:
+            raise RuntimeError(f"{name} upload to {root}: {'; '.join(problems[:3])}")
+        self.compare(f"{name} upload to {root}", {f.path: f.size for f in part.files})
+
+    def warm(self, prefix: str) -> None:
+        """Reads every object under ``prefix`` once, not timed (into a folder then deleted)."""
+        dest = self.work / "warm"
+        self.s5cmd_down(prefix, dest, workers=256, concurrency=5, part=50)
+        shutil.rmtree(dest, ignore_errors=True)
 
     def check_download(self, name: str, root: Path) -> None:
         found = {
@@ -573,11 +593,14 @@ def bench_shape(
     up: dict[str, list[Sample]] = {}
     down: dict[str, list[Sample]] = {}
 
-    # The restore source: one committed copy made by sync; the baselines read its files.
+    # What each client reads back: the restore the copy sync committed, the baselines a plain
+    # copy of the folder.
     source = f"{prefix_of}/source"
     bench.ours_up(source)
     bench.check_upload("sync", source)
-    files_prefix = bench.data_prefix(f"{source}/checkpoints/{checkpoint_dirname(STEP)}")
+    plain = f"{prefix_of}/plain"
+    bench.s5cmd_up(plain, workers=256, concurrency=5, part=50)
+    bench.check_upload("plain copy", plain)
 
     for rnd in range(rounds):
         for i, who in enumerate(rotated(list(up_fns), rnd)):
@@ -592,10 +615,12 @@ def bench_shape(
             bench.check_upload(who, prefix)
             bench.clean(f"{prefix}/")
             reclaim(seaweedfs_pid)
+        bench.warm(source)
+        bench.warm(plain)
         for who in rotated(list(down_fns), rnd):
             dest = work / f"down-{rnd}"
             ours = who == "restore"
-            sample = timed(partial(down_fns[who], source if ours else files_prefix, dest))
+            sample = timed(partial(down_fns[who], source if ours else plain, dest))
             down.setdefault(who, []).append(sample)
             print(
                 f"[{name}] round {rnd + 1} download {who:<22} {rate(gib, sample):7.0f} MiB/s "
@@ -672,10 +697,12 @@ def report(result: dict[str, Any], command: str) -> str:
         "(every file submitted at once; part size, target throughput), "
         f"rclone {v['rclone']} (`copy`, c = `--transfers` and `--s3-upload-concurrency`, chunk), "
         f"boto3 {v['boto3']} (`upload_file`/`download_file` file after file, c = "
-        "`max_concurrency`, chunk), each the best two of its grid. The baselines download the "
-        "files of the copy sync committed (the restore's source), without its MANIFEST.json; "
-        f"every transfer is checked afterwards by file names and sizes. Target: {TARGET:.2f}x "
-        "the best baseline."
+        "`max_concurrency`, chunk), each the best two of its grid. Each client downloads the "
+        "copy it would have made: the restore the checkpoint sync committed (small files "
+        "packed), the baselines a plain copy of the folder (one object per file, put there by "
+        "s5cmd); both copies are read once, not timed, before each round's downloads. Every "
+        "transfer is checked afterwards by file names and sizes. "
+        f"Target: {TARGET:.2f}x the best baseline."
     )
     for shp in result["shapes"]:
         gib = shp["gib"]

@@ -35,6 +35,7 @@ import logging
 import random
 import time
 import uuid
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -54,13 +55,12 @@ from trainingrun.manifest import (
     RunManifest,
     checkpoint_prefix,
     epoch_prefix,
-    merged_layout,
     parse_checkpoint_manifest,
     parse_run_manifest,
     part_prefix,
-    same_files,
     slowest,
 )
+from trainingrun.packs import Pack
 from trainingrun.storage import (
     ChecksumMismatch,
     Location,
@@ -152,29 +152,43 @@ def verify_uploaded(
     algo: Algorithm,
     sums: dict[str, str],
     workers: int = 16,
+    packs: Sequence[Pack] = (),
 ) -> list[FileEntry]:
     """The MANIFEST.json entries of an uploaded checkpoint, once every object is there with the
-    size we read and, where the endpoint stores it, our checksum. A file whose size changed since
-    the scan is still being written (FileChanged); a wrong object is VerificationFailed. The
-    objects are looked at by ``workers`` at once: one at a time, the 1,000 files of an adapter
-    checkpoint took longer to verify than to upload."""
+    size we read and, where the endpoint stores it, our checksum; a packed file's object is its
+    pack. A file whose size changed since the scan is still being written (FileChanged); a wrong
+    object is VerificationFailed. The objects are looked at by ``workers`` at once: one at a
+    time, the 1,000 files of an adapter checkpoint took longer to verify than to upload."""
+    packed = {m.path: (p.name, m.offset) for p in packs for m in p.members}
 
-    def check(file: tuple[str, int]) -> FileEntry:
-        rel, size = file
-        key = f"{prefix}/{rel}"
-        if (ckpt.path / rel).stat().st_size != size:
-            raise FileChanged(f"{ckpt.path / rel} changed size during the upload")
+    def check(key: str, size: int) -> None:
         head = store.head(key, algo)
         if head is None or head[0] != size:
             raise VerificationFailed(f"{key}: expected {size} bytes, found {head and head[0]}")
         if head[1] is not None and head[1] != sums[key]:
             raise VerificationFailed(f"{key}: stored checksum {head[1]} != ours {sums[key]}")
-        return FileEntry(path=rel, size=size, checksum_algorithm=algo.name, checksum=sums[key])
 
-    if len(ckpt.files) < 2:
-        return [check(f) for f in ckpt.files]
-    with ThreadPoolExecutor(min(workers, len(ckpt.files)), thread_name_prefix="verify") as pool:
-        return list(pool.map(check, ckpt.files))
+    def entry(file: tuple[str, int]) -> FileEntry:
+        rel, size = file
+        if (ckpt.path / rel).stat().st_size != size:
+            raise FileChanged(f"{ckpt.path / rel} changed size during the upload")
+        pack, offset = packed.get(rel, (None, 0))
+        if pack is None:
+            check(f"{prefix}/{rel}", size)
+        checksum = sums[f"{prefix}/{rel}"]
+        return FileEntry(
+            path=rel,
+            size=size,
+            checksum_algorithm=algo.name,
+            checksum=checksum,
+            pack=pack,
+            offset=offset,
+        )
+
+    jobs = len(ckpt.files) + len(packs)
+    with ThreadPoolExecutor(max(1, min(workers, jobs)), thread_name_prefix="verify") as pool:
+        list(pool.map(lambda p: check(f"{prefix}/{p.name}", p.size), packs))
+        return list(pool.map(entry, ckpt.files))
 
 
 def _backoff(attempt: int) -> None:
@@ -300,7 +314,7 @@ class Committer:
             return
         try:
             parsed = parse_checkpoint_manifest(existing[0], part.step, self.epoch, self.rank)
-            if same_files(parsed, part):
+            if protocol.same_files(parsed, part):
                 return
         except ManifestError:
             pass
@@ -358,7 +372,7 @@ class Committer:
             epoch=self.epoch,
             attempt=attempt,
             ranks=self.ranks,
-            layout=merged_layout([p.layout for _, p in ranked]),
+            layout=protocol.merged_layout([p.layout for _, p in ranked]),
             upload_seconds=slowest([p.upload_seconds for _, p in ranked]),
         )
         key = self.run.key(RUN_MANIFEST)

@@ -17,14 +17,13 @@ from trainingrun.manifest import (
     ManifestEntry,
     ManifestError,
     RunManifest,
-    candidates,
     listing_problems,
     parse_checkpoint_manifest,
     parse_run_manifest,
     part_prefix,
     too_large,
 )
-from trainingrun.protocol import merged_files
+from trainingrun.protocol import candidates, merged_files
 from trainingrun.storage import Location, Store, TooLarge
 
 

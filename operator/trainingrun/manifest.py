@@ -32,9 +32,15 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 MANIFEST_VERSION = 2
+# A part whose small files are packed (``pack`` on its files) is version 3, so a reader from
+# before packs refuses it by name instead of looking for objects that are not there.
+PACKED_VERSION = 3
 RUN_MANIFEST = "manifest.json"
 CHECKPOINT_MANIFEST = "MANIFEST.json"
 CHECKPOINTS_DIR = "checkpoints"
+# Where a part's packs go, beside its files: objects holding many small files back to back
+# (``trainingrun.packs``). No checkpoint file of a packed part is under it.
+PACK_DIR = ".trainingrun-packs"
 
 
 # Caps on what a reader takes. The sidecar writes about half a KiB per kept checkpoint to
@@ -132,11 +138,31 @@ class FileEntry(_Model):
     size: int = Field(ge=0)
     checksum_algorithm: str = Field(description="CRC64NVME, CRC32C, CRC32 or SHA256.")
     checksum: str = Field(description="Base64 of the full-object checksum.")
+    pack: str | None = Field(
+        default=None, description="The pack holding its bytes (under PACK_DIR); None: its own."
+    )
+    offset: int = Field(default=0, ge=0, description="Where its bytes start in the pack.")
 
     @field_validator("path")
     @classmethod
     def _safe(cls, v: str) -> str:
         return safe_relative_path(v)
+
+    @field_validator("pack")
+    @classmethod
+    def _pack(cls, v: str | None) -> str | None:
+        if v is not None and not is_pack_name(safe_relative_path(v)):
+            raise ValueError(f"pack {v!r} is not a name under {PACK_DIR}/")
+        return v
+
+    @property
+    def source(self) -> str:
+        """The object holding its bytes, relative to its part's folder."""
+        return self.pack if self.pack is not None else self.path
+
+
+def is_pack_name(path: str) -> bool:
+    return path.startswith(PACK_DIR + "/")
 
 
 MAX_EXTRAS = 64
@@ -259,10 +285,20 @@ class _Caps:
     noun: str
     max_items: int
     values_per_item: int
+    newest: int  # the newest version this build reads
 
 
-_RUN_CAPS = _Caps(RUN_MANIFEST_MAX_BYTES, "entries", "checkpoints", MAX_ENTRIES, VALUES_PER_ENTRY)
-_PART_CAPS = _Caps(CHECKPOINT_MANIFEST_MAX_BYTES, "files", "files", MAX_FILES, VALUES_PER_FILE)
+_RUN_CAPS = _Caps(
+    RUN_MANIFEST_MAX_BYTES,
+    "entries",
+    "checkpoints",
+    MAX_ENTRIES,
+    VALUES_PER_ENTRY,
+    MANIFEST_VERSION,
+)
+_PART_CAPS = _Caps(
+    CHECKPOINT_MANIFEST_MAX_BYTES, "files", "files", MAX_FILES, VALUES_PER_FILE, PACKED_VERSION
+)
 
 
 def _check_caps(data: bytes, what: str, caps: _Caps) -> None:
@@ -296,9 +332,9 @@ def _parse(model: type[_Model], data: bytes, what: str, caps: _Caps) -> Any:
     version = raw.get("version")
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ManifestError(f"{what} has no positive integer 'version'")
-    if version > MANIFEST_VERSION:
+    if version > caps.newest:
         raise ManifestError(
-            f"{what} has version {version}, newer than the {MANIFEST_VERSION} this build reads: "
+            f"{what} has version {version}, newer than the {caps.newest} this build reads: "
             "upgrade the operator and agent images"
         )
     items = raw.get(caps.field)
@@ -349,64 +385,43 @@ def parse_checkpoint_manifest(
         raise ManifestError(f"{what} lists a file twice")
     if CHECKPOINT_MANIFEST in paths:
         raise ManifestError(f"{what} lists itself")
+    _check_packs(what, manifest)
     return manifest
 
 
-def candidates(manifest: RunManifest, bad_steps: set[int] | frozenset[int]) -> list[ManifestEntry]:
-    """Committed entries to try, newest first, skipping steps recorded as bad."""
-    return sorted(
-        (e for e in manifest.entries if e.step not in bad_steps),
-        key=lambda e: e.step,
-        reverse=True,
-    )
+def _check_packs(what: str, manifest: CheckpointManifest) -> None:
+    """Refuses packs a restore could not split: a pack whose files do not lie back to back
+    from its start, a packed file in a part older than PACKED_VERSION, or a file of the part
+    under PACK_DIR (where its packs are)."""
+    packs: dict[str, list[FileEntry]] = {}
+    for f in manifest.files:
+        if is_pack_name(f.path):
+            raise ManifestError(f"{what} lists {f.path}, under {PACK_DIR}/ where packs go")
+        if f.pack is not None:
+            packs.setdefault(f.pack, []).append(f)
+    if packs and manifest.version < PACKED_VERSION:
+        raise ManifestError(f"{what} has packed files but version {manifest.version}")
+    for pack, members in packs.items():
+        at = 0
+        for f in sorted(members, key=lambda m: m.offset):
+            if f.offset != at:
+                raise ManifestError(f"{what}: {pack} does not hold its files back to back")
+            at += f.size
 
 
 def listing_problems(checkpoint: CheckpointManifest, listing: dict[str, int]) -> list[str]:
     """What is wrong with a checkpoint's objects (relative path -> size) against its manifest."""
     problems = []
     for f in checkpoint.files:
-        size = listing.get(f.path)
+        size = listing.get(f.source)
+        what = f.path if f.pack is None else f"{f.path} (in {f.pack})"
         if size is None:
-            problems.append(f"{f.path} is missing")
-        elif size != f.size:
-            problems.append(f"{f.path} has {size} bytes, manifest says {f.size}")
+            problems.append(f"{what} is missing")
+        elif f.pack is None and size != f.size:
+            problems.append(f"{what} has {size} bytes, manifest says {f.size}")
+        elif size < f.offset + f.size:
+            problems.append(f"{f.pack} has {size} bytes, too few to hold {f.path}")
     return problems
-
-
-def with_committed(
-    manifest: RunManifest | None, entry: ManifestEntry, keep: int
-) -> tuple[RunManifest, list[ManifestEntry]]:
-    """The manifest (version 2) after committing ``entry`` and keeping the newest ``keep`` steps,
-    and the entries retention dropped (their objects may be deleted once the new manifest is
-    written). A step is committed once: committing one that is already there changes nothing.
-    The fence is the caller's to check (``trainingrun.protocol.commit``)."""
-    if keep < 1:
-        raise ValueError(f"keep must be at least 1, got {keep}")
-    before = manifest or RunManifest()
-    if any(e.step == entry.step for e in before.entries):
-        return before.model_copy(update={"version": MANIFEST_VERSION}), []
-    entries = sorted([*before.entries, entry], key=lambda e: e.step)
-    kept, dropped = entries[-keep:], entries[:-keep]
-    updated = before.model_copy(update={"version": MANIFEST_VERSION, "entries": kept})
-    return updated, dropped
-
-
-def worth_uploading(step: int, committed: list[int], keep: int) -> bool:
-    """False for a step retention would drop at once: ``keep`` newer steps are committed."""
-    return step not in committed and sum(1 for s in committed if s > step) < keep
-
-
-def merged_layout(layouts: list[Layout | None]) -> Layout | None:
-    """The layout of a checkpoint from its parts' (rank 0 first): rank 0's folder and resume
-    path, every rank's extra files (each rank's pointer file lives in its own folder)."""
-    first = layouts[0] if layouts else None
-    if first is None:
-        return None
-    extras: dict[str, str] = {}
-    for layout in reversed(layouts):
-        if layout is not None:
-            extras.update(layout.extras)
-    return first.model_copy(update={"extras": extras})
 
 
 def slowest(seconds: list[float | None]) -> float | None:
@@ -414,13 +429,3 @@ def slowest(seconds: list[float | None]) -> float | None:
     did not measure it (written by an older sidecar)."""
     known = [s for s in seconds if s is not None]
     return max(known) if known and len(known) == len(seconds) else None
-
-
-def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:
-    """Both describe the same bytes (creation time aside)."""
-
-    def key(m: CheckpointManifest) -> list[tuple[str, int, str, str]]:
-        return sorted((f.path, f.size, f.checksum_algorithm, f.checksum) for f in m.files)
-
-    same_part = (a.step, a.epoch, a.rank, a.ranks) == (b.step, b.epoch, b.rank, b.ranks)
-    return same_part and a.layout == b.layout and key(a) == key(b)

@@ -19,6 +19,7 @@ import hashlib
 import io
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -182,3 +183,22 @@ class PartReader(io.RawIOBase):
         data = self.read(len(buffer))
         buffer[: len(data)] = data
         return len(data)
+
+
+class Throttle:
+    """A token bucket shared by the workers of one process; a no-op without a rate."""
+
+    def __init__(self, rate: float | None) -> None:
+        self.rate = rate
+        self._lock = threading.Lock()
+        self._next = time.monotonic()
+
+    def take(self, n: int) -> None:
+        if not self.rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + n / self.rate
+        if start > now:
+            time.sleep(start - now)

@@ -25,10 +25,10 @@ from trainingrun.manifest import (
     MANIFEST_VERSION,
     CheckpointManifest,
     FileEntry,
+    Layout,
     ManifestEntry,
     ManifestError,
     RunManifest,
-    with_committed,
 )
 
 
@@ -98,8 +98,9 @@ def missing_ranks(parts: dict[int, CheckpointManifest], ranks: int) -> list[int]
 
 
 def merged_files(parts: list[tuple[str, CheckpointManifest]]) -> list[tuple[str, FileEntry]]:
-    """(key relative to the run prefix, file) of every file of a checkpoint's parts, given as
-    (part prefix, part manifest): what a restore puts in one folder. A path in two parts is
+    """(key relative to the run prefix of the object holding its bytes, file) of every file of
+    a checkpoint's parts, given as (part prefix, part manifest): what a restore puts in one
+    folder; a packed file's key is its pack's. A path in two parts is
     kept once when both have the same bytes; with different bytes the checkpoint cannot be put
     together and ManifestError names both ranks."""
     seen: dict[str, tuple[int, FileEntry]] = {}
@@ -109,7 +110,7 @@ def merged_files(parts: list[tuple[str, CheckpointManifest]]) -> list[tuple[str,
             other = seen.get(f.path)
             if other is None:
                 seen[f.path] = (part.rank, f)
-                out.append((prefix + f.path, f))
+                out.append((prefix + f.source, f))
             elif (other[1].size, other[1].checksum) != (f.size, f.checksum):
                 raise ManifestError(
                     f"checkpoint-{part.step}: ranks {other[0]} and {part.rank} both wrote "
@@ -167,3 +168,60 @@ def abortable(key: str, epoch: int, rank: int) -> bool:
     if owner is None:
         return False
     return owner[1] < epoch or (owner[1] == epoch and owner[2] == rank)
+
+
+def candidates(manifest: RunManifest, bad_steps: set[int] | frozenset[int]) -> list[ManifestEntry]:
+    """Committed entries to try, newest first, skipping steps recorded as bad."""
+    return sorted(
+        (e for e in manifest.entries if e.step not in bad_steps),
+        key=lambda e: e.step,
+        reverse=True,
+    )
+
+
+def with_committed(
+    manifest: RunManifest | None, entry: ManifestEntry, keep: int
+) -> tuple[RunManifest, list[ManifestEntry]]:
+    """The manifest (version 2) after committing ``entry`` and keeping the newest ``keep`` steps,
+    and the entries retention dropped (their objects may be deleted once the new manifest is
+    written). A step is committed once: committing one that is already there changes nothing.
+    The fence is the caller's to check (``trainingrun.protocol.commit``)."""
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1, got {keep}")
+    before = manifest or RunManifest()
+    if any(e.step == entry.step for e in before.entries):
+        return before.model_copy(update={"version": MANIFEST_VERSION}), []
+    entries = sorted([*before.entries, entry], key=lambda e: e.step)
+    kept, dropped = entries[-keep:], entries[:-keep]
+    updated = before.model_copy(update={"version": MANIFEST_VERSION, "entries": kept})
+    return updated, dropped
+
+
+def worth_uploading(step: int, committed: list[int], keep: int) -> bool:
+    """False for a step retention would drop at once: ``keep`` newer steps are committed."""
+    return step not in committed and sum(1 for s in committed if s > step) < keep
+
+
+def merged_layout(layouts: list[Layout | None]) -> Layout | None:
+    """The layout of a checkpoint from its parts' (rank 0 first): rank 0's folder and resume
+    path, every rank's extra files (each rank's pointer file lives in its own folder)."""
+    first = layouts[0] if layouts else None
+    if first is None:
+        return None
+    extras: dict[str, str] = {}
+    for layout in reversed(layouts):
+        if layout is not None:
+            extras.update(layout.extras)
+    return first.model_copy(update={"extras": extras})
+
+
+def same_files(a: CheckpointManifest, b: CheckpointManifest) -> bool:
+    """Both describe the same bytes (creation time aside)."""
+
+    def key(m: CheckpointManifest) -> list[tuple[str, int, str, str, str, int]]:
+        return sorted(
+            (f.path, f.size, f.checksum_algorithm, f.checksum, f.source, f.offset) for f in m.files
+        )
+
+    same_part = (a.step, a.epoch, a.rank, a.ranks) == (b.step, b.epoch, b.rank, b.ranks)
+    return same_part and a.layout == b.layout and key(a) == key(b)

@@ -53,6 +53,7 @@ from trainingrun.contract import (
     EXIT_OK,
     format_bytes,
 )
+from trainingrun.download import Download
 from trainingrun.layouts import STAGING_PREFIX
 from trainingrun.manifest import (
     RUN_MANIFEST,
@@ -63,13 +64,9 @@ from trainingrun.manifest import (
     parse_run_manifest,
     safe_relative_path,
 )
+from trainingrun.packs import Target
 from trainingrun.storage import Location, NotFound, StorageError, Store
-from trainingrun.transfer import (
-    Progress,
-    Transfer,
-    TransferSettings,
-    VerificationFailed,
-)
+from trainingrun.transfer import Progress, TransferSettings, VerificationFailed
 
 log = logging.getLogger("trainingrun.restore")
 
@@ -275,21 +272,29 @@ def download(
     what = checkpoint_dirname(s.step)
     staging.mkdir(parents=True)
     files = []
-    algos = {}
+    packs: dict[str, list[Target]] = {}  # a pack's key -> where its files go
+    algos: dict[str, checksum.Algorithm] = {}
     for relative_key, f in named:
         dest = target_path(staging, f.path)
         dest.parent.mkdir(parents=True, exist_ok=True)
         key = s.run.key(relative_key)
         try:
-            algos[key] = checksum.algorithm(f.checksum_algorithm)
+            algo = checksum.algorithm(f.checksum_algorithm)
         except ValueError as e:
             raise CheckpointBad(f"{what}: {f.path}: {e}") from e
-        files.append((key, str(dest), f.size, f.checksum))
+        if algos.setdefault(key, algo) != algo:
+            raise CheckpointBad(f"{what}: {f.pack} holds files of two checksum algorithms")
+        if f.pack is None:
+            files.append((key, str(dest), f.size, f.checksum))
+        else:
+            packs.setdefault(key, []).append(
+                Target(f.path, str(dest), f.offset, f.size, f.checksum)
+            )
     total = sum(f.size for _, f in named)
-    progress = Progress(what, total, len(files), on_bytes=metrics.bytes.inc)
-    transfer = Transfer(store, s.transfer)
+    progress = Progress(what, total, len(named), on_bytes=metrics.bytes.inc)
+    transfer = Download(store, s.transfer)
     try:
-        transfer.download_files(files, algos.__getitem__, progress)
+        transfer.download_files(files, algos.__getitem__, progress, packs)
     except VerificationFailed as e:
         raise CheckpointBad(f"{what} is corrupt: {e}") from e
     except NotFound as e:

@@ -44,14 +44,15 @@ from trainingrun.contract import EXIT_ERROR, format_bytes, now_rfc3339_micro
 from trainingrun.local import LocalCheckpoint, survey
 from trainingrun.manifest import (
     MANIFEST_VERSION,
+    PACKED_VERSION,
     CheckpointManifest,
     ManifestEntry,
     ManifestError,
     RunManifest,
     safe_relative_path,
-    worth_uploading,
 )
-from trainingrun.protocol import Fenced, StaleAttempt
+from trainingrun.packs import plan as plan_packs
+from trainingrun.protocol import Fenced, StaleAttempt, worth_uploading
 from trainingrun.storage import StorageError, Store
 from trainingrun.syncsupport import (
     PERMANENT,
@@ -284,14 +285,16 @@ class Sync:
         progress = Progress(what, total, len(ckpt.files), on_bytes=self.metrics.bytes.inc)
         log.info("%s: uploading %d files, %s", what, len(ckpt.files), format_bytes(total))
         started = time.monotonic()
-        pairs = [(str(ckpt.path / rel), f"{prefix}/{rel}") for rel, _ in ckpt.files]
-        sums = self.transfer.upload_files(pairs, algo, progress)
-        self.metrics.files.inc(len(pairs))
         workers = self.s.transfer.concurrency
-        entries = verify_uploaded(self.store, ckpt, prefix, algo, sums, workers)
+        direct, packs = plan_packs(list(ckpt.files), workers)
+        pairs = [(str(ckpt.path / rel), f"{prefix}/{rel}") for rel, _ in direct]
+        packed = [(pack, ckpt.path, prefix) for pack in packs]
+        sums = self.transfer.upload_files(pairs, algo, progress, packed)
+        self.metrics.files.inc(len(ckpt.files))
+        entries = verify_uploaded(self.store, ckpt, prefix, algo, sums, workers, packs)
         elapsed = time.monotonic() - started
         part = CheckpointManifest(
-            version=MANIFEST_VERSION,
+            version=PACKED_VERSION if packs else MANIFEST_VERSION,
             step=ckpt.step,
             files=entries,
             created=now_rfc3339_micro(),

@@ -5,9 +5,8 @@ upload whose parts are read (``pread``), checksummed and sent by a pool of worke
 checked by the endpoint, and the whole object checked again at completion with the combined
 full-object checksum. Memory is a byte budget shared by every worker, not a count of parts: as
 parts grow (the 10,000-part limit), fewer are in flight, and parts too large to hold are streamed
-from the file (``trainingrun.parts``). Download: parallel ranged GETs written in place
-(``pwrite``), each range checksummed as it lands and combined, so no file is read twice. SHA256
-(for endpoints without CRC support) cannot be combined and costs one extra sequential read.
+from the file (``trainingrun.parts``). Small files go up packed (``trainingrun.packs``).
+Downloads are ``trainingrun.download``'s, on the same workers.
 """
 
 from __future__ import annotations
@@ -16,19 +15,21 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, cast
 
 from trainingrun.checksum import Algorithm, digest, file_digest
 from trainingrun.contract import format_bytes
+from trainingrun.packs import Pack, PackChanged, gather
 from trainingrun.parts import (
     MIN_PARALLEL,
-    STREAM_BLOCK,
     ByteBudget,
     PartPlan,
     PartReader,
+    Throttle,
     plan_parts,
     range_checksum,
     read_at,
@@ -64,25 +65,6 @@ class TransferSettings:
     memory_budget: int = 256 * MiB
     # Bandwidth cap in bytes per second, None for none; so sync never starves the trainer's I/O.
     max_bytes_per_second: float | None = None
-
-
-class Throttle:
-    """A token bucket shared by the workers of one process; a no-op without a rate."""
-
-    def __init__(self, rate: float | None) -> None:
-        self.rate = rate
-        self._lock = threading.Lock()
-        self._next = time.monotonic()
-
-    def take(self, n: int) -> None:
-        if not self.rate:
-            return
-        with self._lock:
-            now = time.monotonic()
-            start = max(now, self._next)
-            self._next = start + n / self.rate
-        if start > now:
-            time.sleep(start - now)
 
 
 @dataclass
@@ -187,10 +169,17 @@ class Transfer:
     # -- upload ---------------------------------------------------------------------------
 
     def upload_files(
-        self, files: list[tuple[str, str]], algo: Algorithm, progress: Progress
+        self,
+        files: list[tuple[str, str]],
+        algo: Algorithm,
+        progress: Progress,
+        packs: Sequence[tuple[Pack, Path, str]] = (),
     ) -> dict[str, str]:
-        """Uploads (local path, key) pairs; returns key -> encoded full-object checksum."""
+        """Uploads (local path, key) pairs and (pack, its files' folder, part prefix) packs;
+        returns key -> encoded full-object checksum, of each pack under its key and of each
+        packed file under the key it would have on its own (prefix/path)."""
         futures: list[tuple[str, Future[str]]] = []
+        packed: dict[str, str] = {}
         small: list[tuple[str, str]] = []
         large: list[tuple[str, str]] = []
         # A file read whole must leave room for others in the budget.
@@ -200,9 +189,13 @@ class Transfer:
             (large if big else small).append((path, key))
         for path, key in large:  # the big ones first: their parts keep every worker busy
             futures.append((key, self._pool.submit(self._upload_large, path, key, algo, progress)))
+        for pack, root, prefix in packs:
+            key = f"{prefix}/{pack.name}"
+            job = self._pool.submit(self._upload_pack, pack, root, prefix, algo, progress, packed)
+            futures.append((key, job))
         for path, key in small:
             futures.append((key, self._pool.submit(self._upload_small, path, key, algo, progress)))
-        return self._gather(futures)
+        return {**self._gather(futures), **packed}
 
     def _gather(self, futures: list[tuple[str, Future[str]]]) -> dict[str, str]:
         results: dict[str, str] = {}
@@ -230,6 +223,32 @@ class Transfer:
                 self.store.put_checked(key, data, algo, checksum)
         progress.add(len(data))
         progress.file_done()
+        return checksum
+
+    def _upload_pack(
+        self,
+        pack: Pack,
+        root: Path,
+        prefix: str,
+        algo: Algorithm,
+        progress: Progress,
+        sums: dict[str, str],
+    ) -> str:
+        """One pack: its files read and checksummed one by one, then one checked PUT."""
+        self._check()
+        with self.budget.take(2 * pack.size):  # the files read, then joined into one buffer
+            try:
+                data, each = gather(root, pack, algo)
+            except PackChanged as e:
+                raise FileChanged(str(e)) from e
+            checksum = digest(algo, data)
+            self.throttle.take(len(data))
+            self._check()
+            self.store.put_checked(f"{prefix}/{pack.name}", data, algo, checksum)
+        sums.update({f"{prefix}/{path}": value for path, value in each.items()})
+        progress.add(len(data))
+        for _ in pack.members:
+            progress.file_done()
         return checksum
 
     def plan(self, size: int) -> PartPlan:
@@ -316,74 +335,3 @@ class Transfer:
             entry = self.store.upload_part(u.key, u.upload_id, number, body, u.algo, encoded)
         u.progress.add(length)
         return entry, crc, length
-
-    # -- download -------------------------------------------------------------------------
-
-    def download_files(
-        self,
-        files: list[tuple[str, str, int, str]],
-        algo_of: Callable[[str], Algorithm],
-        progress: Progress,
-    ) -> None:
-        """Downloads (key, local path, size, expected checksum) and verifies each; raises
-        VerificationFailed naming the first file that does not match."""
-        futures = [
-            (
-                key,
-                self._pool.submit(
-                    self._download, key, path, size, expected, algo_of(key), progress
-                ),
-            )
-            for key, path, size, expected in sorted(files, key=lambda f: -f[2])
-        ]
-        self._gather(futures)
-
-    def _download(
-        self, key: str, path: str, size: int, expected: str, algo: Algorithm, progress: Progress
-    ) -> str:
-        self._check()
-        part = self.settings.part_size
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            os.ftruncate(fd, size)
-            ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
-
-            def fetch(r: tuple[int, int]) -> tuple[int, int]:
-                offset, length = r
-                self._check()
-                crc = 0
-                at = offset
-
-                def sink(block: bytes | memoryview) -> None:
-                    nonlocal crc, at
-                    if at + len(block) > offset + length:
-                        raise VerificationFailed(f"{key}: more bytes than asked at {at}")
-                    os.pwrite(fd, block, at)
-                    if algo.combinable:
-                        crc = algo.update(block, crc)
-                    at += len(block)
-                    progress.add(len(block))
-
-                with self.budget.take(min(STREAM_BLOCK, length)):
-                    self.throttle.take(length)
-                    got = self.store.read_range(key, offset, offset + length - 1, sink)
-                if got != length:
-                    raise VerificationFailed(
-                        f"{key}: got {got} bytes at offset {offset}, expected {length} "
-                        f"(object shorter than its recorded {size} bytes)"
-                    )
-                return crc, length
-
-            crcs = list(self._parts.map(fetch, ranges)) if size else []
-        finally:
-            os.close(fd)
-        if algo.combinable:
-            actual = algo.encode(algo.combine(crcs) if crcs else algo.of(b""))
-        else:
-            actual = file_digest(algo, path)
-        if actual != expected:
-            raise VerificationFailed(
-                f"{key}: {algo.name} checksum {actual} does not match the recorded {expected}"
-            )
-        progress.file_done()
-        return actual

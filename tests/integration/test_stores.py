@@ -6,7 +6,8 @@ per case, run on all three (the ``bucket`` fixture).
   unfinished upload and commits, and the restore is bit for bit.
 - Two writers of manifest.json at once lose no step (create-only and compare-and-swap on the
   store's own versions: ETag, generation).
-- An object corrupted after its commit: the restore exits 3 naming it, leaving no folder.
+- An object corrupted after its commit, a file's own or a pack's: the restore exits 3 naming
+  the file, leaving no folder.
 - Upgrade: a version-1 bucket gets the fence in place, resumes, and retention later deletes the
   version-1 files.
 """
@@ -16,6 +17,8 @@ from __future__ import annotations
 import json
 import threading
 from pathlib import Path
+
+import pytest
 
 from tests.integration.agents import (
     SyncProcess,
@@ -30,7 +33,7 @@ from tests.integration.test_sync_restore import same_tree
 from trainingrun.checksum import CRC32C
 from trainingrun.commit import Capabilities, Committer, take_fence
 from trainingrun.contract import EXIT_CHECKPOINT_BAD
-from trainingrun.manifest import MANIFEST_VERSION, CheckpointManifest
+from trainingrun.manifest import MANIFEST_VERSION, PACK_DIR, CheckpointManifest
 
 MiB = 1 << 20
 
@@ -95,8 +98,9 @@ def test_two_writers_updating_manifest_at_once_lose_nothing(bucket: Bucket, run_
     assert sorted(e["step"] for e in manifest["entries"]) == list(range(30))
 
 
+@pytest.mark.parametrize("victim", ["model.safetensors", "config.json"], ids=["own", "packed"])
 def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
-    bucket: Bucket, run_key: str, tmp_path: Path, syncs: list[SyncProcess]
+    bucket: Bucket, run_key: str, tmp_path: Path, syncs: list[SyncProcess], victim: str
 ) -> None:
     store = bucket.store()
     ckdir = tmp_path / "ck"
@@ -104,10 +108,26 @@ def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
     uri = bucket.uri(run_key)
     start_sync(syncs, bucket.env(uri, ckdir), tmp_path)
     bucket.wait_committed(run_key, 10, timeout=60)
-    key = f"{run_key}/checkpoints/checkpoint-10/e1/r0/model.safetensors"
+    # config.json and trainer_state.json are small: they went up in one pack.
+    part = f"{run_key}/checkpoints/checkpoint-10/e1/r0/"
+    raw = store.get(part + "MANIFEST.json")
+    assert raw is not None
+    files = {f["path"]: f for f in json.loads(raw)["files"]}
+    assert files["config.json"]["pack"] == files["trainer_state.json"]["pack"] == PACK_DIR + "/0"
+    assert files["model.safetensors"]["pack"] is None
+    entry = files[victim]
+    key = part + (entry["pack"] or victim)
+    head = store.head(key)  # a pack holds trainer_state.json too: all of it is put back
+    assert head is not None
+    size = head[0]
+    assert sorted(k[len(part) :] for k in bucket.keys(run_key) if k.startswith(part)) == [
+        f"{PACK_DIR}/0",
+        "MANIFEST.json",
+        "model.safetensors",
+    ]
     body = bytearray()
-    assert store.read_range(key, 0, 3 * MiB - 1, body.extend) == 3 * MiB
-    body[len(body) // 2] ^= 0xFF  # one flipped byte, same size
+    assert store.read_range(key, 0, size - 1, body.extend) == size
+    body[entry["offset"] + entry["size"] // 2] ^= 0xFF  # one flipped byte, same size
     store.put(key, bytes(body), content_type="application/octet-stream")
 
     restored = tmp_path / "restored"
@@ -118,7 +138,7 @@ def test_object_corrupted_after_commit_restore_exits_checkpoint_bad(
     result = run_restore(env)
     assert result.returncode == EXIT_CHECKPOINT_BAD, result.stderr
     message = term.read_text()
-    assert "checkpoint-10" in message and "model.safetensors" in message
+    assert "checkpoint-10" in message and victim in message
     assert "checksum" in message
     assert not (restored / "checkpoint-10").exists()
     assert not [p for p in restored.iterdir() if p.name.startswith(".restore")]

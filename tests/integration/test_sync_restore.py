@@ -34,6 +34,7 @@ from tests.integration.support import wait_for
 from tests.localenv import free_ports
 from trainingrun import local
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
+from trainingrun.manifest import PACK_DIR
 from trainingrun.s3store import READ_BLOCK, S3Store, _socket_reader
 
 MiB = 1 << 20
@@ -101,6 +102,17 @@ def test_checkpoint_committed_then_restored_bit_for_bit(
         )["Body"].read()
     )
     assert {f["checksum_algorithm"] for f in ckpt["files"]} == {"CRC64NVME"}
+    # The small files went up in one pack, the two large ones on their own.
+    assert ckpt["version"] == 3
+    packed = {f["path"] for f in ckpt["files"] if f["pack"] == PACK_DIR + "/0"}
+    assert packed == {name for name, size in HF_LIKE.items() if size < MiB} | {local.TRAINER_STATE}
+    part = f"{run_key}/checkpoints/checkpoint-10/e1/r0/"
+    assert sorted(k[len(part) :] for k in keys_under(client, agent_s3.bucket, part)) == [
+        f"{PACK_DIR}/0",
+        "MANIFEST.json",
+        "model.safetensors",
+        "optimizer.pt",
+    ]
     assert local.COMPLETE_MARKER not in {f["path"] for f in ckpt["files"]}
     # The upload time the operator's save estimate is made of: the part's, and the entry's.
     assert 0 < ckpt["upload_seconds"] < 120

@@ -52,13 +52,13 @@ from trainingrun.manifest import (
     MAX_ENTRIES,
     MAX_FILES,
     MAX_NAME_BYTES,
+    PACKED_VERSION,
     RUN_MANIFEST_MAX_BYTES,
     CheckpointManifest,
     ManifestEntry,
     ManifestError,
     ManifestTooLarge,
     RunManifest,
-    candidates,
     checkpoint_prefix,
     epoch_prefix,
     listing_problems,
@@ -66,10 +66,8 @@ from trainingrun.manifest import (
     parse_run_manifest,
     part_prefix,
     safe_relative_path,
-    same_files,
-    with_committed,
-    worth_uploading,
 )
+from trainingrun.protocol import candidates, same_files, with_committed, worth_uploading
 
 BASE = "/checkpoints/checkpoint-7"
 
@@ -180,14 +178,16 @@ def test_run_manifest_refused(data: bytes, message: str) -> None:
         parse_run_manifest(data)
 
 
-@pytest.mark.parametrize("version", [MANIFEST_VERSION + 1, 99], ids=lambda v: f"version-{v}")
-def test_future_version_asks_for_an_upgrade(version: int) -> None:
+@pytest.mark.parametrize("ahead", [1, 90], ids=lambda v: f"ahead-{v}")
+def test_future_version_asks_for_an_upgrade(ahead: int) -> None:
+    # Runs are at MANIFEST_VERSION; parts at PACKED_VERSION when their small files are packed.
     with pytest.raises(ManifestError, match="upgrade") as run_err:
-        parse_run_manifest(_run_manifest(version=version))
-    with pytest.raises(ManifestError, match="upgrade"):
-        parse_checkpoint_manifest(_checkpoint_manifest(7, version=version), 7)
+        parse_run_manifest(_run_manifest(version=MANIFEST_VERSION + ahead))
+    with pytest.raises(ManifestError, match="upgrade") as part_err:
+        parse_checkpoint_manifest(_checkpoint_manifest(7, version=PACKED_VERSION + ahead), 7)
 
-    assert str(version) in str(run_err.value)
+    assert str(MANIFEST_VERSION + ahead) in str(run_err.value)
+    assert str(PACKED_VERSION + ahead) in str(part_err.value)
 
 
 @pytest.mark.parametrize(

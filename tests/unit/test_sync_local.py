@@ -21,7 +21,7 @@ Covers:
   and logged with the fix, and does not stop the sidecar;
 - local.is_control and the folder watcher: control-file writes (progress at every step) do not
   wake the sync loop, a checkpoint file does (real inotify on a temporary folder);
-- transfer.Throttle with a fake clock: no rate never sleeps; the total sleep is (bytes before
+- parts.Throttle with a fake clock: no rate never sleeps; the total sleep is (bytes before
   the last take) / rate; idle time gives no burst credit;
 - transfer.format_bytes and Progress.line() / add(): units, percent, files, rate, and one log
   line per period.
@@ -46,15 +46,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from trainingrun import local, transfer
+from trainingrun import local, parts, transfer
 from trainingrun.contract import ANNOTATION_NOTICE, format_bytes
 from trainingrun.layouts import Found, Proof
 from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
+from trainingrun.parts import Throttle
 from trainingrun.storage import Location, Store
 from trainingrun.sync import Sync, SyncSettings
 from trainingrun.syncsupport import LayoutReport, Metrics, read_annotation
 from trainingrun.syncsupport import watch as sync_watch
-from trainingrun.transfer import MiB, Progress, Throttle
+from trainingrun.transfer import MiB, Progress
 
 
 def _write(path: Path, data: bytes = b"x", mtime: float | None = None) -> Path:
@@ -424,7 +425,7 @@ def test_watcher_wakes_for_checkpoint_files_not_for_progress(tmp_path: Path) -> 
 
 
 class FakeClock:
-    """Stands in for the ``time`` module of trainingrun.transfer: sleeping moves the clock."""
+    """Stands in for the ``time`` module of trainingrun.parts and .transfer: sleep moves it."""
 
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -442,6 +443,7 @@ class FakeClock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> FakeClock:
     fake = FakeClock()
+    monkeypatch.setattr(parts, "time", fake)
     monkeypatch.setattr(transfer, "time", fake)
     return fake
 
@@ -458,14 +460,14 @@ def test_throttle_without_a_rate_never_waits(clock: FakeClock) -> None:
 def test_throttle_total_sleep_is_bytes_over_rate(sizes: list[int]) -> None:
     clock = FakeClock()
     rate = 10 * MiB
-    original = transfer.time
-    transfer.time = clock  # type: ignore[assignment]
+    original = parts.time
+    parts.time = clock  # type: ignore[assignment]
     try:
         throttle = Throttle(rate)
         for n in sizes:
             throttle.take(n)
     finally:
-        transfer.time = original
+        parts.time = original
 
     # The first take goes at once; each later one waits for the bytes before it.
     assert sum(clock.slept) == pytest.approx(sum(sizes[:-1]) / rate)

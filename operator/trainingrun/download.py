@@ -1,0 +1,121 @@
+"""Downloading checkpoint files from the bucket, in parallel and checksummed: parallel ranged
+GETs written in place (``pwrite``), each range checksummed as it lands and combined, so no file is
+read twice; a pack (``trainingrun.packs``) in one GET, split into its files as it streams in.
+SHA256 (for endpoints without CRC support) cannot be combined and costs one extra sequential read.
+The workers, budget and cancelling are the upload's (``trainingrun.transfer``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+from trainingrun.checksum import Algorithm, file_digest
+from trainingrun.packs import Overrun, Splitter, Target
+from trainingrun.parts import STREAM_BLOCK
+from trainingrun.transfer import Progress, Transfer, VerificationFailed
+
+
+class Download(Transfer):
+    """A transfer that downloads: the restore's."""
+
+    def download_files(
+        self,
+        files: list[tuple[str, str, int, str]],
+        algo_of: Callable[[str], Algorithm],
+        progress: Progress,
+        packs: dict[str, list[Target]] | None = None,
+    ) -> None:
+        """Downloads (key, local path, size, expected checksum) and the files packed in each
+        pack (key -> its files' targets), and verifies each file; raises VerificationFailed
+        naming the first file that does not match."""
+        futures = [
+            (key, self._pool.submit(self._download_pack, key, targets, algo_of(key), progress))
+            for key, targets in (packs or {}).items()
+        ] + [
+            (
+                key,
+                self._pool.submit(
+                    self._download, key, path, size, expected, algo_of(key), progress
+                ),
+            )
+            for key, path, size, expected in sorted(files, key=lambda f: -f[2])
+        ]
+        self._gather(futures)
+
+    def _download_pack(
+        self, key: str, targets: list[Target], algo: Algorithm, progress: Progress
+    ) -> str:
+        """One pack in one GET, split into its files as it streams in."""
+        self._check()
+        split = Splitter(targets, algo)
+
+        def sink(block: bytes | memoryview) -> None:
+            split(block)
+            progress.add(len(block))
+
+        try:
+            with self.budget.take(min(STREAM_BLOCK, split.span)):
+                self.throttle.take(split.span)
+                got = self.store.read_range(key, 0, split.span - 1, sink) if split.span else 0
+        except Overrun as e:
+            raise VerificationFailed(f"{key}: {e}") from e
+        finally:
+            problems = split.finish()
+        if got != split.span:
+            raise VerificationFailed(f"{key}: got {got} bytes, its files take {split.span}")
+        if problems:
+            raise VerificationFailed(f"{key}: {'; '.join(problems[:3])}")
+        for _ in targets:
+            progress.file_done()
+        return key
+
+    def _download(
+        self, key: str, path: str, size: int, expected: str, algo: Algorithm, progress: Progress
+    ) -> str:
+        self._check()
+        part = self.settings.part_size
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, size)
+            ranges = [(off, min(part, size - off)) for off in range(0, size, part)]
+
+            def fetch(r: tuple[int, int]) -> tuple[int, int]:
+                offset, length = r
+                self._check()
+                crc = 0
+                at = offset
+
+                def sink(block: bytes | memoryview) -> None:
+                    nonlocal crc, at
+                    if at + len(block) > offset + length:
+                        raise VerificationFailed(f"{key}: more bytes than asked at {at}")
+                    os.pwrite(fd, block, at)
+                    if algo.combinable:
+                        crc = algo.update(block, crc)
+                    at += len(block)
+                    progress.add(len(block))
+
+                with self.budget.take(min(STREAM_BLOCK, length)):
+                    self.throttle.take(length)
+                    got = self.store.read_range(key, offset, offset + length - 1, sink)
+                if got != length:
+                    raise VerificationFailed(
+                        f"{key}: got {got} bytes at offset {offset}, expected {length} "
+                        f"(object shorter than its recorded {size} bytes)"
+                    )
+                return crc, length
+
+            crcs = list(self._parts.map(fetch, ranges)) if size else []
+        finally:
+            os.close(fd)
+        if algo.combinable:
+            actual = algo.encode(algo.combine(crcs) if crcs else algo.of(b""))
+        else:
+            actual = file_digest(algo, path)
+        if actual != expected:
+            raise VerificationFailed(
+                f"{key}: {algo.name} checksum {actual} does not match the recorded {expected}"
+            )
+        progress.file_done()
+        return actual
