@@ -9,12 +9,15 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 import pytest
+from kubernetes import client
 from moto import mock_aws
 
 from tests.unit.builders import T0
@@ -384,3 +387,31 @@ def moto_s3(*buckets: str) -> Iterator[Any]:
             for bucket in buckets:
                 client.create_bucket(Bucket=bucket)
             yield client
+
+
+@contextlib.contextmanager
+def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
+    """An HTTP server on 127.0.0.1 answering with ``handler``, on a thread; yields its URL."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@contextlib.contextmanager
+def loopback_api_client(
+    handler: type[BaseHTTPRequestHandler], cls: type[Any] = client.ApiClient
+) -> Iterator[Any]:
+    """A kubernetes ApiClient (or ``cls``) whose API server is ``loopback_server(handler)``."""
+    with loopback_server(handler) as url:
+        configuration = client.Configuration()
+        configuration.host = url
+        api_client = cls(configuration)
+        try:
+            yield api_client
+        finally:
+            api_client.close()

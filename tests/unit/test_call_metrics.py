@@ -15,17 +15,15 @@ Covers:
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
-from kubernetes import client
 from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import NAMESPACE, make_run
-from tests.unit.fakes import FakeBucket, FakeKube
+from tests.unit.fakes import FakeBucket, FakeKube, loopback_api_client
 from trainingrun.kube import CountingApiClient, Kube
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.stores import RunStores
@@ -54,18 +52,8 @@ class _NotFound(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def api_client() -> Iterator[CountingApiClient]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotFound)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    configuration = client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api = CountingApiClient(configuration)
-    try:
+    with loopback_api_client(_NotFound, CountingApiClient) as api:
         yield api
-    finally:
-        api.close()
-        server.shutdown()
-        server.server_close()
 
 
 @pytest.mark.parametrize(

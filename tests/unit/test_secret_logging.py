@@ -18,15 +18,14 @@ import base64
 import contextlib
 import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import kopf
 import pytest
-from kubernetes import client
 
+from tests.unit.fakes import loopback_api_client
 from trainingrun import cli
 from trainingrun.contract import CREDENTIAL_KEYS
 from trainingrun.kube import Kube
@@ -64,18 +63,8 @@ class _SecretApi(BaseHTTPRequestHandler):
 @pytest.fixture
 def kube() -> Iterator[Kube]:
     """A Kube whose ApiClient talks to a loopback API server answering one Secret."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _SecretApi)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    configuration = client.Configuration()
-    configuration.host = f"http://127.0.0.1:{server.server_address[1]}"
-    api_client = client.ApiClient(configuration)
-    try:
+    with loopback_api_client(_SecretApi) as api_client:
         yield Kube(api_client)
-    finally:
-        api_client.close()
-        server.shutdown()
-        server.server_close()
 
 
 def test_secret_data_never_reaches_the_log(kube: Kube, caplog: pytest.LogCaptureFixture) -> None:
