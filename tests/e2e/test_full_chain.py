@@ -25,7 +25,14 @@ import pytest
 from kubernetes import client
 
 from tests.e2e.example import CHAIN_STEPS, losses, pod_spec
-from tests.integration.support import Runs, trainingrun, wait_for
+from tests.integration.support import (
+    Runs,
+    committed_file,
+    read_committed,
+    s3_reader,
+    trainingrun,
+    wait_for,
+)
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest
@@ -97,13 +104,18 @@ class Chain:
         wait_for(lambda: self.step(attempt), 240, f"attempt {attempt} training")
         return self.resume_step(attempt)
 
-    def object_key(self, s3: Any, step: int, name: str) -> str:
-        """The key of rank 0's file ``name`` in the committed checkpoint ``step``: the entry
-        says which attempt's objects are the committed ones."""
+    def part(self, s3: Any, step: int) -> str:
+        """The key prefix of rank 0's part of the committed checkpoint ``step``: the entry says
+        which attempt's objects are the committed ones."""
         body = s3.get_object(Bucket=self.env.bucket, Key=f"{self.run_key}/manifest.json")
         manifest = parse_run_manifest(body["Body"].read())
         entry = next(e for e in manifest.entries if e.step == step)
-        return f"{self.run_key}/{entry.part_prefixes[0]}{name}"
+        return f"{self.run_key}/{entry.part_prefixes[0]}"
+
+    def weights(self, s3: Any, step: int) -> bytes:
+        """Rank 0's model.safetensors in the committed checkpoint ``step``."""
+        get = s3_reader(s3, self.env.bucket)
+        return read_committed(get, self.part(s3, step), "model.safetensors")
 
     def assert_matches_reference(
         self, s3: Any, reference: tuple[bytes, dict[int, float]], attempt: int, resumed: int
@@ -111,8 +123,7 @@ class Chain:
         """The run's final weights are the uninterrupted run's, bitwise, and the losses of
         ``attempt`` (resumed from step ``resumed``) are its losses, every step to the end."""
         weights, reference_losses = reference
-        key = self.object_key(s3, MAX_STEPS, "model.safetensors")
-        final = s3.get_object(Bucket=self.env.bucket, Key=key)["Body"].read()
+        final = self.weights(s3, MAX_STEPS)
         assert final == weights, "final weights differ from the uninterrupted run"
         last = losses(self.loss_dir / f"loss-{attempt}.jsonl")
         assert sorted(last) == list(range(resumed + 1, MAX_STEPS + 1))
@@ -214,10 +225,11 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     # Kill the trainer once checkpoint-20 is committed and before checkpoint-30 is saved.
     wait_for(lambda: 20 in chain.committed(s3), 240, "checkpoint-20 committed")
     assert chain.step(1) < 29, "the trainer ran ahead of the sidecar; raise STEP_DELAY"
-    key = chain.object_key(s3, 20, "model.safetensors")
-    body = bytearray(s3.get_object(Bucket=localenv.bucket, Key=key)["Body"].read())
-    body[len(body) // 3] ^= 0x01
-    s3.put_object(Bucket=localenv.bucket, Key=key, Body=bytes(body))
+    get = s3_reader(s3, localenv.bucket)
+    where = committed_file(get, chain.part(s3, 20), "model.safetensors")  # its object, or pack
+    body = bytearray(get(where.key))
+    body[where.offset + where.size // 3] ^= 0x01
+    s3.put_object(Bucket=localenv.bucket, Key=where.key, Body=bytes(body))
     handle = runner_for(runner_nodes, node_of(runs, chain.pod(1)))
     os.kill(handle.wait_pid(ns, chain.pod(1), "trainer"), signal.SIGKILL)
 
@@ -231,7 +243,4 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     assert not (tmp_path / "loss-2.jsonl").exists()
     assert chain.resume_step(3) == 10
     assert runs.wait_events("corrupt", "CheckpointBad")
-    final = s3.get_object(
-        Bucket=localenv.bucket, Key=chain.object_key(s3, MAX_STEPS, "model.safetensors")
-    )["Body"].read()
-    assert final == weights
+    assert chain.weights(s3, MAX_STEPS) == weights

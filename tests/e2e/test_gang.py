@@ -26,7 +26,14 @@ from tests.benchutil import write_section
 from tests.e2e import ddp_check
 from tests.e2e.example import losses, pod_spec
 from tests.e2e.test_full_chain import evict, node_of, runner_for
-from tests.integration.support import Runs, node_ready, trainingrun, wait_for
+from tests.integration.support import (
+    Runs,
+    node_ready,
+    read_committed,
+    s3_reader,
+    trainingrun,
+    wait_for,
+)
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest
@@ -114,8 +121,8 @@ class Gang:
         manifest = parse_run_manifest(body["Body"].read())
         entry = next(e for e in manifest.entries if e.step == MAX_STEPS)
         assert entry.ranks == 2 and len(entry.part_prefixes) == 2
-        key = f"{self.run_key}/{entry.part_prefixes[0]}model.safetensors"
-        return bytes(s3.get_object(Bucket=self.env.bucket, Key=key)["Body"].read())
+        part = f"{self.run_key}/{entry.part_prefixes[0]}"
+        return read_committed(s3_reader(s3, self.env.bucket), part, "model.safetensors")
 
 
 def set_taints(core: Any, node: str, taints: list[dict[str, Any]]) -> None:

@@ -17,7 +17,7 @@ from tests.azurite import Azurite
 from tests.e2e.test_full_chain import MAX_STEPS, Chain, evict
 from tests.fakegcs import FakeGcs
 from tests.integration.stores import Bucket
-from tests.integration.support import Runs
+from tests.integration.support import Runs, read_committed
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest
@@ -43,11 +43,14 @@ def _final_weights(bucket: Bucket, chain: Chain) -> bytes:
     body = store.get(f"{chain.run_key}/manifest.json")
     assert body is not None
     entry = next(e for e in parse_run_manifest(body).entries if e.step == MAX_STEPS)
-    key = f"{chain.run_key}/{entry.part_prefixes[0]}model.safetensors"
-    out = bytearray()
-    size = dict(store.list_objects(key))[key]
-    assert store.read_range(key, 0, size - 1, out.extend) == size
-    return bytes(out)
+
+    def get(key: str) -> bytes:
+        out = bytearray()
+        size = dict(store.list_objects(key))[key]
+        assert store.read_range(key, 0, size - 1, out.extend) == size
+        return bytes(out)
+
+    return read_committed(get, f"{chain.run_key}/{entry.part_prefixes[0]}", "model.safetensors")
 
 
 def test_evicted_run_resumes_to_the_uninterrupted_weights_on_gcs_and_azure(

@@ -28,7 +28,15 @@ from typing import Any
 import pytest
 
 from tests.e2e.example import losses, pod_spec, uninterrupted
-from tests.integration.support import Runs, mark_unknown, pid_alive, trainingrun, wait_for
+from tests.integration.support import (
+    Runs,
+    mark_unknown,
+    pid_alive,
+    read_committed,
+    s3_reader,
+    trainingrun,
+    wait_for,
+)
 from tests.localenv import LocalEnv, s3_client
 from tests.podrunner import RunnerHandle
 from trainingrun import checksum
@@ -338,8 +346,8 @@ def test_partitioned_attempt_commits_nothing_and_changes_no_committed_byte(
     assert MAX_STEPS in scene.watch.entries, f"step {MAX_STEPS} never committed"
     final = scene.watch.entries[MAX_STEPS].entry
     assert final.attempt == 2
-    key = f"{scene.run_key}/{final.part_prefixes[0]}model.safetensors"
-    assert s3.get_object(Bucket=localenv.bucket, Key=key)["Body"].read() == weights
+    part = f"{scene.run_key}/{final.part_prefixes[0]}"
+    assert read_committed(s3_reader(s3, localenv.bucket), part, "model.safetensors") == weights
     trained = losses(tmp_path / "loss-2.jsonl")
     assert sorted(trained) == list(range(scene.first_step(2), MAX_STEPS + 1))
     assert all(trained[s] == reference_losses[s] for s in trained)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -392,3 +393,34 @@ def mark_unknown(core: Any, node: str) -> None:
         "lastTransitionTime": now,
     }
     core.patch_node_status(node, {"status": {"conditions": [ready]}})
+
+
+@dataclass(frozen=True)
+class CommittedFile:
+    """Where a committed file's bytes are: its own object, or the pack that holds it (a
+    part's small files are packed, trainingrun.packs)."""
+
+    key: str
+    offset: int
+    size: int
+
+
+def committed_file(get: Callable[[str], bytes], part: str, path: str) -> CommittedFile:
+    """File ``path`` of the part whose keys start with ``part`` (ending in /), by its
+    MANIFEST.json; ``get`` reads an object's bytes."""
+    record = json.loads(get(part + "MANIFEST.json"))
+    found = next(f for f in record["files"] if f["path"] == path)
+    if found.get("pack"):
+        return CommittedFile(part + found["pack"], found["offset"], found["size"])
+    return CommittedFile(part + path, 0, found["size"])
+
+
+def read_committed(get: Callable[[str], bytes], part: str, path: str) -> bytes:
+    """The bytes of file ``path`` of a committed part, from its own object or its pack."""
+    where = committed_file(get, part, path)
+    return get(where.key)[where.offset : where.offset + where.size]
+
+
+def s3_reader(s3: Any, bucket: str) -> Callable[[str], bytes]:
+    """``get`` for committed_file over a boto3 client."""
+    return lambda key: bytes(s3.get_object(Bucket=bucket, Key=key)["Body"].read())
