@@ -81,12 +81,13 @@ def partition_run(
 @dataclass
 class Seen:
     """A committed entry as the poll that first showed it saw it, with what its parts'
-    MANIFEST.json files said then: object key -> (size, algorithm, checksum), and the sha256
-    of each MANIFEST.json."""
+    MANIFEST.json files said then: file key -> (the object holding it, its own or its pack,
+    offset, size, algorithm, checksum), and the sha256 of each MANIFEST.json."""
 
     entry: ManifestEntry
     poll: int
-    objects: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    # file -> (its object: its own or its pack, offset, size, checksum algorithm, checksum)
+    objects: dict[str, tuple[str, int, int, str, str]] = field(default_factory=dict)
     manifests: dict[str, str] = field(default_factory=dict)
 
 
@@ -158,7 +159,14 @@ class ManifestWatch:
             assert data is not None, f"{part}MANIFEST.json missing for a committed entry"
             seen.manifests[part + "MANIFEST.json"] = hashlib.sha256(data).hexdigest()
             for f in json.loads(data)["files"]:
-                seen.objects[part + f["path"]] = (f["size"], f["checksum_algorithm"], f["checksum"])
+                where = part + (f.get("pack") or f["path"])
+                seen.objects[part + f["path"]] = (
+                    where,
+                    f.get("offset", 0) if f.get("pack") else 0,
+                    f["size"],
+                    f["checksum_algorithm"],
+                    f["checksum"],
+                )
         return seen
 
 
@@ -181,8 +189,9 @@ def changed_objects(s3: Any, bucket: str, watch: ManifestWatch) -> list[str]:
             data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             if hashlib.sha256(data).hexdigest() != digest:
                 changed.append(key)
-        for key, (size, algorithm, recorded) in seen.objects.items():
-            data = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
+        for key, (where, offset, size, algorithm, recorded) in seen.objects.items():
+            whole = s3.get_object(Bucket=bucket, Key=where)["Body"].read()
+            data = whole[offset : offset + size] if where != key else whole
             if (
                 len(data) != size
                 or checksum.digest(checksum.algorithm(algorithm), data) != recorded
