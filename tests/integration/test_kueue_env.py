@@ -260,10 +260,15 @@ def test_owned_by_a_trainingrun_released_when_the_run_goes(
     localenv.kubectl("delete", "-n", namespace, f"{api.PLURAL}.{api.GROUP}/run", "--wait=false")
 
     def released() -> str | None:
-        proc = localenv.kubectl_run("get", "-n", namespace, "workload.kueue.x-k8s.io/owned")
+        # One read: the Workload may be deleted between two (the newcomer run once saw it
+        # there, then gone at the second read).
+        proc = localenv.kubectl_run(
+            "get", "-n", namespace, "workload.kueue.x-k8s.io/owned", "-o", "json"
+        )
         if proc.returncode != 0 and "NotFound" in proc.stderr:
             return "deleted"
-        finished = condition(get(localenv, namespace, "owned"), "Finished")
+        assert proc.returncode == 0, proc.stderr
+        finished = condition(json.loads(proc.stdout), "Finished")
         if finished and finished["status"] == "True":
             assert finished["reason"] == "OwnerNotFound"
             return "finished"
