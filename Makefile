@@ -9,7 +9,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
-	layers verify test test-unit test-integration bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
+	layers verify test test-unit test-integration chaos bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
 	lightning-env composer-env mindformers-env
 .PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
 
@@ -106,7 +106,7 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		exit 1; } >&2
 
 test: verify tools emulators lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
-	$(BIN)/pytest tests
+	$(BIN)/pytest tests --durations=40
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder
 	cp crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml
@@ -159,6 +159,9 @@ bench-resume: venv bench-tools cluster ## Time to resume from a 2 GiB checkpoint
 
 bench-stores: venv emulators ## Checkpoint upload/restore on gs:// and az:// (emulators) vs each SDK's transfer functions (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_stores --write docs/benchmarks.md
+
+chaos: venv cluster ## The chaos test at full size: 200 runs, 6 real trainers, 10 minutes of every fault at once (docs/benchmarks.md)
+	$(BIN)/python -m tests.chaos --report out/chaos-report.json --write docs/benchmarks.md
 
 bench-protocol: venv cluster ## Sync/restore, commit protocol v1 (REV=01b44ab) vs the working tree (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_protocol --rev $(or $(REV),01b44ab) --write docs/benchmarks.md
