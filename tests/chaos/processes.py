@@ -14,6 +14,9 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
+
+import yaml
 
 from tests import localenv
 
@@ -60,6 +63,44 @@ def wait_gone(pid: int, timeout_s: float) -> bool:
 
 def cluster_dir(env: localenv.LocalEnv) -> Path:
     return localenv.CACHE / "kwok" / "clusters" / env.name
+
+
+# What a node's supervisor (the kubelet of static pods, systemd) restarts when it exits: the
+# scheduler and the controller manager exit when they lose their leader election, as they do
+# while the API server is down; kwokctl's binary runtime does not start them again.
+SUPERVISED = ("kube-controller-manager", "kube-scheduler", "kwok-controller")
+
+
+def components(env: localenv.LocalEnv) -> dict[str, dict[str, Any]]:
+    """The control plane's components as kwokctl wrote them down (binary, args, workDir)."""
+    documents = yaml.safe_load_all((cluster_dir(env) / "kwok.yaml").read_text())
+    found = {}
+    for doc in documents:
+        for c in (doc or {}).get("components") or []:
+            found[c["name"]] = c
+    return found
+
+
+def supervise(env: localenv.LocalEnv) -> list[str]:
+    """Starts again each of ``SUPERVISED`` that is not running, as kwokctl started it; returns
+    the names of those it started."""
+    cdir = cluster_dir(env)
+    started = []
+    for name, component in components(env).items():
+        if name not in SUPERVISED:
+            continue
+        pid_file = cdir / "pids" / f"{name}.pid"
+        with contextlib.suppress(FileNotFoundError, ValueError):
+            if localenv._pid_alive(int(pid_file.read_text().strip())):
+                continue
+        launch = Launch(
+            [component["binary"], *component.get("args", [])],
+            component.get("workDir") or str(cdir),
+            dict(os.environ),
+        )
+        pid_file.write_text(str(launch.start(cdir / "logs" / f"{name}.log")))
+        started.append(name)
+    return started
 
 
 def restart_apiserver(env: localenv.LocalEnv, down_s: float = 2.0) -> float:

@@ -20,6 +20,7 @@ from typing import Any
 from kubernetes import client, config
 
 from tests import localenv
+from tests.chaos import processes
 from tests.chaos.faults import Fleet, Injector
 from tests.chaos.observe import INVARIANTS, Ledger, Observer
 from tests.e2e.example import pod_spec, uninterrupted
@@ -174,6 +175,26 @@ class Setup:
                 self.core.delete_node(node)
 
 
+class Supervisor:
+    """Starts again, every 2 s, each control plane component that exited (processes.supervise),
+    as a node's supervisor would; counts the restarts by component."""
+
+    def __init__(self, env: localenv.LocalEnv, deadline: float) -> None:
+        self.env, self.deadline = env, deadline
+        self.restarts: dict[str, int] = {}
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="supervisor")
+
+    def _run(self) -> None:
+        while not self.stop.wait(2.0) and time.monotonic() < self.deadline:
+            self.once()
+
+    def once(self) -> None:
+        for name in processes.supervise(self.env):
+            self.restarts[name] = self.restarts.get(name, 0) + 1
+            log(f"{name} had exited: started again")
+
+
 def wait_running(setup: Setup, expected: int, timeout_s: float) -> float:
     started = time.monotonic()
     while time.monotonic() - started < timeout_s:
@@ -201,10 +222,14 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
         ref_thread.start()
     setup = Setup(cfg, work)
     report: dict[str, Any] = {"config": asdict(cfg), "namespace": setup.ns, "work": str(work)}
+    window = cfg.fault_minutes * 60
+    horizon = time.monotonic() + 600 + window + cfg.finish_timeout_s + cfg.settle_s
+    supervisor = Supervisor(setup.env, horizon)
+    supervisor.once()  # an earlier run may have left a component down
+    supervisor.restarts.clear()
+    supervisor.thread.start()
     try:
         setup.up()
-        window = cfg.fault_minutes * 60
-        horizon = time.monotonic() + 600 + window + cfg.finish_timeout_s + cfg.settle_s
         keys = {name: setup.run_key(name) for name in (f"real{i}" for i in range(cfg.real))}
         observer = Observer(
             setup.core,
@@ -268,8 +293,12 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
                 observer,
             )
         )
+        report["control_plane_restarts"] = dict(supervisor.restarts)
     finally:
         setup.down()
+        supervisor.stop.set()
+        supervisor.thread.join(timeout=10)
+        supervisor.once()  # the next user of the environment finds every component up
     return report
 
 
