@@ -255,7 +255,7 @@ class Observer:
             try:
                 work()
             except Exception:  # the API server or the bucket is down: try at the next tick
-                self.ledger.checks["sample errors"] += 1
+                self.ledger.checks["observer ticks missed (API server or bucket down)"] += 1
 
     # -- watches ----------------------------------------------------------------------------
 

@@ -265,6 +265,7 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
         injector.run(cfg.mean_gap_s)
         faults_to = observer.ledger.now()
         log(f"faults over: {sum(injector.injected.values())} injected; settling")
+        report["resume_forced"] = ensure_a_resume(setup, observer, real)
         while len([op for op in setup.replicas if op.alive()]) < 2:
             setup.replicas.append(setup.replica())
         settle_until = time.monotonic() + cfg.settle_s
@@ -302,13 +303,41 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
     return report
 
 
+def ensure_a_resume(setup: Setup, observer: Observer, real: list[str]) -> bool:
+    """When no real trainer has resumed from a checkpoint yet (every fault landed before a
+    first commit), evicts one that has committed since, so the resume checks have something
+    to check; True when it did. Bounded to 5 minutes."""
+    led = observer.ledger
+    deadline = time.monotonic() + 300
+    evicted = False
+    while real and time.monotonic() < deadline:
+        with led.lock:
+            if any(run in real for run, _, _ in led.resumed):
+                return evicted
+            statuses = [led.runs.get(name, {}).get("status") or {} for name in real]
+        if not evicted:
+            for status in statuses:
+                pod = status.get("activePod")
+                if status.get("phase") == "Running" and pod and status.get("latestCheckpoint"):
+                    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod))
+                    try:
+                        setup.core.create_namespaced_pod_eviction(pod, setup.ns, body)
+                    except client.ApiException:
+                        continue
+                    log(f"no real trainer had resumed yet: evicted {pod}")
+                    evicted = True
+                    break
+        time.sleep(2)
+    return evicted
+
+
 def final_checks(
     setup: Setup, observer: Observer, weights: bytes | None, real: list[str], kwok: list[str]
 ) -> dict[str, Any]:
     """The checks at the end, each recorded as a break in the ledger when it fails."""
     led = observer.ledger
-    for counted in ("resumes checked", "real trainer starts checked for their restore"):
-        led.checks[counted] += 0  # shown as 0 in the report when there were none
+    for check in ("resumes checked", "real trainer starts checked for their restore"):
+        led.checks[check] += 0  # shown as 0 in the report when there were none
     runs = setup.custom.list_namespaced_custom_object(api.GROUP, api.VERSION, setup.ns, api.PLURAL)[
         "items"
     ]
