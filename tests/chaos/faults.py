@@ -18,7 +18,7 @@ from kubernetes import client
 
 from tests.chaos import processes
 from tests.chaos.observe import Observer
-from tests.integration.support import OperatorProcess, container_status, mark_unknown
+from tests.integration.support import OperatorProcess, container_status, evict, mark_unknown
 from tests.localenv import KWOK_NODE_ANNOTATION, LocalEnv
 from tests.podrunner import RunnerHandle
 from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER
@@ -26,17 +26,18 @@ from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER
 NOTICE_TAINT = "aws-node-termination-handler/spot-itn"
 KILLED = {"terminated": {"exitCode": 137, "reason": "Error"}}
 SEAWEEDFS_DOWN_S = 60.0
-# Each kind of fault and its weight in the random draw (after one of each).
+# Each kind of fault: its weight in the random draw (after one of each), and the Injector's
+# method that injects it.
 KINDS = {
-    "eviction": 5.0,
-    "trainer SIGKILL": 5.0,
-    "sidecar SIGKILL mid-upload": 2.0,
-    "notice taint": 2.0,
-    "node NotReady": 2.0,
-    "node deleted": 1.5,
-    "operator SIGKILL (leader)": 1.0,
-    "kube-apiserver restart": 0.7,
-    "SeaweedFS stopped 60 s": 0.5,
+    "eviction": (5.0, "evict"),
+    "trainer SIGKILL": (5.0, "kill_trainer"),
+    "sidecar SIGKILL mid-upload": (2.0, "kill_sidecar"),
+    "notice taint": (2.0, "notice_taint"),
+    "node NotReady": (2.0, "not_ready"),
+    "node deleted": (1.5, "delete_node"),
+    "operator SIGKILL (leader)": (1.0, "kill_leader"),
+    "kube-apiserver restart": (0.7, "restart_apiserver"),
+    "SeaweedFS stopped 60 s": (0.5, "stop_seaweedfs"),
 }
 
 
@@ -79,18 +80,8 @@ class Injector:
         """Picks and starts faults until the window ends; then waits for those under way."""
         start = time.monotonic()
         end = start + self.window_s
-        act: dict[str, Callable[[float], bool]] = {
-            "eviction": self.evict,
-            "trainer SIGKILL": self.kill_trainer,
-            "sidecar SIGKILL mid-upload": self.kill_sidecar,
-            "notice taint": self.notice_taint,
-            "node NotReady": self.not_ready,
-            "node deleted": self.delete_node,
-            "operator SIGKILL (leader)": self.kill_leader,
-            "kube-apiserver restart": self.restart_apiserver,
-            "SeaweedFS stopped 60 s": self.stop_seaweedfs,
-        }
         names = list(KINDS)
+        weights = [weight for weight, _ in KINDS.values()]
         first = list(names)  # one of each kind first, in random order
         self.rng.shuffle(first)
         while time.monotonic() < end:
@@ -102,8 +93,8 @@ class Injector:
             elif owed and self.rng.random() < 0.5:
                 name = self.rng.choice(owed)
             else:
-                name = self.rng.choices(names, list(KINDS.values()))[0]
-            fault = act[name]
+                name = self.rng.choices(names, weights)[0]
+            fault: Callable[[float], bool] = getattr(self, KINDS[name][1])
             with self.lock:
                 self.in_flight[name] += 1
             t = threading.Thread(target=self._one, args=(name, fault, elapsed), daemon=True)
@@ -187,9 +178,7 @@ class Injector:
         victim = self._victim()
         if not victim:
             return False
-        pod = victim[0]
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=self.fleet.ns))
-        self.fleet.core.create_namespaced_pod_eviction(pod, self.fleet.ns, body)
+        evict(self.fleet.core, self.fleet.ns, victim[0])
         return True
 
     def kill_trainer(self, _: float) -> bool:
@@ -251,21 +240,15 @@ class Injector:
 
     def _taint(self, node: str, add: bool) -> None:
         core = self.fleet.core
-        for _ in range(30):  # the API server may be restarting: bounded retries
-            try:
-                now = core.read_node(node).spec.taints or []
-                taints = [t for t in now if t.key != NOTICE_TAINT]
-                if add:
-                    taints.append(client.V1Taint(key=NOTICE_TAINT, effect="NoSchedule"))
-                core.patch_node(node, {"spec": {"taints": [t.to_dict() for t in taints]}})
-                return
-            except client.ApiException as e:
-                if e.status == 404:
-                    return
-            except Exception:
-                pass
-            time.sleep(2)
-        raise RuntimeError(f"could not {'add' if add else 'remove'} the taint on {node}")
+
+        def write() -> None:
+            now = core.read_node(node).spec.taints or []
+            taints = [t for t in now if t.key != NOTICE_TAINT]
+            if add:
+                taints.append(client.V1Taint(key=NOTICE_TAINT, effect="NoSchedule"))
+            core.patch_node(node, {"spec": {"taints": [t.to_dict() for t in taints]}})
+
+        self._retry(write, ok=(404,), tries=30)  # a node deleted meanwhile has no taint left
 
     def not_ready(self, _: float) -> bool:
         """The node reports NotReady and is cordoned (a failing node drained), for 20-40 s."""
@@ -313,8 +296,10 @@ class Injector:
         return True
 
     @staticmethod
-    def _retry(call: Callable[[], Any], ok: tuple[int, ...] = ()) -> None:
-        for _ in range(60):
+    def _retry(call: Callable[[], Any], ok: tuple[int, ...] = (), tries: int = 60) -> None:
+        """``call`` until it succeeds or fails with a status in ``ok``, every 2 s while the API
+        server restarts, at most ``tries`` times."""
+        for _ in range(tries):
             try:
                 call()
                 return
@@ -324,7 +309,7 @@ class Injector:
             except Exception:
                 pass
             time.sleep(2)
-        raise RuntimeError("gave up after 60 tries")
+        raise RuntimeError(f"gave up after {tries} tries")
 
     # -- servers ----------------------------------------------------------------------------
 

@@ -183,7 +183,8 @@ class Ledger:
     node_ready: dict[str, bool] = field(default_factory=dict)
     node_faulted: dict[str, float] = field(default_factory=dict)  # last NotReady or gone
     resumed: list[tuple[str, int, int]] = field(default_factory=list)  # run, attempt, step
-    pending: list[tuple[float, str, list[PodView], float]] = field(default_factory=list)
+    # New attempts' pods seen beside live older ones: (when, its name, the older), to judge.
+    pending: list[tuple[float, str, list[PodView]]] = field(default_factory=list)
     committed: dict[str, set[int]] = field(default_factory=lambda: defaultdict(set))
     objects: dict[str, tuple[str, int]] = field(default_factory=dict)  # key -> (etag, size)
     memory: list[tuple[float, int, float, bool]] = field(default_factory=list)
@@ -287,7 +288,7 @@ class Observer:
                     if v.run == view.run and v.attempt < view.attempt and live(v)
                 ]
                 if older:
-                    led.pending.append((led.now() + JUDGE_DELAY_S, view.name, older, led.now()))
+                    led.pending.append((led.now(), view.name, older))
                 if view.resume_step:
                     led.resumed.append((view.run, view.attempt, view.resume_step))
             led.pods[uid] = view
@@ -325,9 +326,10 @@ class Observer:
         separate streams, so the node's change may arrive a moment after the pod's)."""
         led = self.ledger
         with led.lock:
-            due = [p for p in led.pending if p[0] <= led.now()]
-            led.pending = [p for p in led.pending if p[0] > led.now()]
-            for _, name, older, at in due:
+            judged_by = led.now() - JUDGE_DELAY_S
+            due = [p for p in led.pending if p[0] <= judged_by]
+            led.pending = [p for p in led.pending if p[0] > judged_by]
+            for at, name, older in due:
                 led.checks["new attempts judged with an older pod still listed"] += 1
                 for v in older:
                     faulted = led.node_faulted.get(v.node)

@@ -27,6 +27,7 @@ from tests.e2e.example import pod_spec, uninterrupted
 from tests.integration.support import (
     OperatorProcess,
     credentials_secret,
+    evict,
     read_committed,
     s3_reader,
     trainingrun,
@@ -277,9 +278,7 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
             if ended and time.monotonic() >= settle_until:
                 break
             time.sleep(5)
-        if cfg.real and not ref_thread.is_alive():
-            ref_thread.join()
-        else:
+        if cfg.real:
             ref_thread.join(timeout=600)
         final = final_checks(setup, observer, reference.get("weights"), real, kwok)
         observer.close()
@@ -319,9 +318,8 @@ def ensure_a_resume(setup: Setup, observer: Observer, real: list[str]) -> bool:
             for status in statuses:
                 pod = status.get("activePod")
                 if status.get("phase") == "Running" and pod and status.get("latestCheckpoint"):
-                    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod))
                     try:
-                        setup.core.create_namespaced_pod_eviction(pod, setup.ns, body)
+                        evict(setup.core, setup.ns, pod)
                     except client.ApiException:
                         continue
                     log(f"no real trainer had resumed yet: evicted {pod}")

@@ -45,8 +45,7 @@ from tests.e2e.frameworks import (
     framework_run,
     newest_before,
 )
-from tests.e2e.test_full_chain import evict
-from tests.integration.support import Runs, wait_for
+from tests.integration.support import Runs, evict, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 

@@ -22,12 +22,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kubernetes import client
 
 from tests.e2e.example import CHAIN_STEPS, losses, pod_spec
 from tests.integration.support import (
     Runs,
     committed_file,
+    evict,
     read_committed,
     s3_reader,
     trainingrun,
@@ -143,14 +143,6 @@ def node_of(runs: Runs, pod: str) -> str:
 
 def runner_for(nodes: list[RunnerHandle], node: str) -> RunnerHandle:
     return next(h for h in nodes if h.node == node)
-
-
-def evict(core: Any, namespace: str, pod: str) -> None:
-    core.create_namespaced_pod_eviction(
-        pod,
-        namespace,
-        client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace)),
-    )
 
 
 def test_three_disruptions_resume_to_the_uninterrupted_weights(

@@ -25,9 +25,10 @@ import pytest
 from tests.benchutil import write_section
 from tests.e2e import ddp_check
 from tests.e2e.example import losses, pod_spec
-from tests.e2e.test_full_chain import evict, node_of, runner_for
+from tests.e2e.test_full_chain import node_of, runner_for
 from tests.integration.support import (
     Runs,
+    evict,
     node_ready,
     read_committed,
     s3_reader,

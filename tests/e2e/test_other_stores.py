@@ -14,10 +14,10 @@ import pytest
 from kubernetes import client
 
 from tests.azurite import Azurite
-from tests.e2e.test_full_chain import MAX_STEPS, Chain, evict
+from tests.e2e.test_full_chain import MAX_STEPS, Chain
 from tests.fakegcs import FakeGcs
 from tests.integration.stores import Bucket
-from tests.integration.support import Runs, read_committed
+from tests.integration.support import Runs, evict, read_committed
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest

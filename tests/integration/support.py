@@ -300,6 +300,12 @@ class Runs:
         raise AssertionError(f"no container {container} in {pod.metadata.name}")
 
 
+def evict(core: Any, namespace: str, pod: str) -> None:
+    """The Eviction API on ``pod``, as a drain or a spot handler asks for it."""
+    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
+    core.create_namespaced_pod_eviction(pod, namespace, body)
+
+
 def container_status(name: str, state: dict[str, Any]) -> dict[str, Any]:
     """A container's status entry, not ready, in ``state``, as the kubelet writes it."""
     return {

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from tests.integration.support import OperatorProcess, Runs, trainingrun, wait_for
+from tests.integration.support import OperatorProcess, Runs, evict, trainingrun, wait_for
 from tests.localenv import LocalEnv
 
 pytestmark = pytest.mark.usefixtures("crd", "session_operator_paused")
@@ -49,11 +49,6 @@ def times(log: Path, pattern: str) -> list[datetime]:
         if m and re.search(pattern, line):
             found.append(datetime.strptime(m.group(1), "%Y-%m-%d %H:%M:%S,%f"))
     return found
-
-
-def evict(core_v1: Any, namespace: str, pod: str) -> None:
-    body = client.V1Eviction(metadata=client.V1ObjectMeta(name=pod, namespace=namespace))
-    core_v1.create_namespaced_pod_eviction(pod, namespace, body)
 
 
 def test_the_standby_takes_over_within_15s_and_no_attempt_is_doubled_or_skipped(
