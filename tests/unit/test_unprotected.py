@@ -342,8 +342,38 @@ def test_nothing_is_judged_while_the_trainer_does_not_run(pod_state: Any) -> Non
 
     p = _pass(run, status, pod_state(pod), 10 * LIMIT)
 
-    assert _protected(p.status) is None
+    # As the attempt's start left it: waiting, and never turned False past the deadline.
+    assert _protected(p.status) == _protected(status)
+    cond = _protected(status)
+    assert cond is not None and (cond.status, cond.reason) == ("Unknown", R.AWAITING_CHECKPOINT)
     assert p.events == []
+
+
+@pytest.mark.parametrize("elapsed", [0, 5, LIMIT - 1], ids=lambda s: f"{s}s")
+def test_the_trainers_start_writes_nothing(elapsed: int) -> None:
+    """The attempt's start sets what the first look at its running trainer says (Unknown,
+    with the same words): the status does not change, so no status write when it starts."""
+    run = _run()
+    status, pod = _launched(run)
+
+    p = _pass(run, status, _trainer_since(pod, 2), 2 + elapsed)
+
+    assert p.status == status
+    assert p.events == []
+    assert p.requeue_after == pytest.approx(LIMIT - elapsed)
+
+
+def test_the_start_replaces_the_last_attempts_verdict() -> None:
+    run = _run()
+    status, pod = _launched(run)
+    warned = _pass(run, status, _trainer_since(pod), LIMIT).status
+    assert (_protected(warned) or Condition(type="x", status="x")).status == "False"
+
+    status2, _ = _launched(run, attempt=2, status=warned)
+
+    cond = _protected(status2)
+    assert cond is not None and (cond.status, cond.reason) == ("Unknown", R.AWAITING_CHECKPOINT)
+    assert cond.message.startswith("attempt 2 (r1-2): ")
 
 
 def test_a_commit_seen_while_the_sidecar_finishes_still_counts() -> None:
@@ -368,7 +398,7 @@ def test_a_finished_run_is_left_alone(ending: str) -> None:
 
     p = _pass(run, status, _trainer_since(pod), 10 * LIMIT)
 
-    assert _protected(p.status) is None
+    assert _protected(p.status) == _protected(status)  # never judged again, never False
     assert (p.events, p.requeue_after) == ([], None)
 
 

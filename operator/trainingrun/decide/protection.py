@@ -22,7 +22,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainingrun.api import CheckpointRef, CheckpointSpec
-from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER, rfc3339
+from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import bounded, container_status, parse_instant
 
@@ -91,13 +91,20 @@ def judge(
         return Verdict(False, R.ACCESS_DENIED, message, since)
     deadline = since + timedelta(seconds=limit)
     if now < deadline:
-        message = (
-            f"{label}: no checkpoint committed since its trainer started at {rfc3339(since)}; "
-            f"a warning follows if none is within {limit} s"
-        )
         wait = (deadline - now).total_seconds()
+        message = awaiting_message(label, limit)
         return Verdict(None, R.AWAITING_CHECKPOINT, message, since, recheck_after=wait)
     return Verdict(False, R.UNPROTECTED, unprotected_message(checkpoint, label, pod), since)
+
+
+def awaiting_message(label: str, limit: int) -> str:
+    """The Unknown verdict's message. It names no time: the condition set when the attempt's
+    pod is created says the same, so the trainer's start changes nothing in the status (no
+    write). The deadline itself is counted from the trainer's start."""
+    return (
+        f"{label}: no checkpoint committed since its trainer started; a warning follows if none "
+        f"is within {limit} s of its start"
+    )
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ from trainingrun.decide.classify import Outcome, classify, parse_instant, stops_
 from trainingrun.decide.gang import Member, gang_outcome
 from trainingrun.decide.pod import pod_name
 from trainingrun.decide.policy import Action, Counters, decide
-from trainingrun.decide.protection import judge
+from trainingrun.decide.protection import awaiting_message, judge
 from trainingrun.decide.status import (
     Event,
     condition_event,
@@ -210,7 +210,14 @@ def _protect(p: Plan, obs: Observed, current: str) -> Plan:
         return p
     old = next((c for c in conds if c.type == R.PROTECTED), None)
     old_time = parse_instant(old.last_transition_time) if old else None
-    if old is not None and (old_time is None or old_time < v.since):
+    # The Unknown that started() set for this very attempt (its label is in the message) is
+    # this attempt's, though set before its trainer started: kept, not replaced.
+    own = old is not None and (old.status, old.reason, old.message) == (
+        "Unknown",
+        v.reason,
+        v.message,
+    )
+    if old is not None and not own and (old_time is None or old_time < v.since):
         conds, old = [c for c in conds if c.type != R.PROTECTED], None
     # Never before the trainer's start (the operator's clock may lag the node's): else the
     # condition would look older than the attempt on the next pass.
@@ -383,6 +390,15 @@ def started(
     conds, event = condition_event(
         status.conditions, R.RUNNING, True, reason, msg, obs.generation, obs.now
     )
+    limit = obs.spec.checkpoint.unprotected_after_seconds
+    if limit:
+        # The attempt's own Protected, replacing the last attempt's verdict: what ``_protect``
+        # says once the trainer runs with nothing committed yet, so its start writes nothing.
+        conds = [c for c in conds if c.type != R.PROTECTED]
+        waiting = awaiting_message(label, limit)
+        conds = set_condition(
+            conds, R.PROTECTED, None, R.AWAITING_CHECKPOINT, waiting, obs.generation, obs.now
+        )
     new = _with(
         status,
         obs,
