@@ -207,18 +207,49 @@ def _write_manifest(store: Store, key: str, body: bytes, etag: str | None, cas: 
         store.put(key, body, if_match=etag)
 
 
+# A version no object has: a write If-Match it fails (412) wherever the condition is honoured.
+PROBE_ETAG = '"trainingrun-if-match-probe"'
+
+
+@dataclass
+class IfMatch:
+    """Whether one endpoint honours If-Match on a write of ``manifest.json``: None until the
+    first fence taken there with a manifest to replace finds out (``take_fence``)."""
+
+    honoured: bool | None = None
+
+
+def _written_despite(store: Store, key: str, body: bytes) -> bool:
+    """Writes ``body`` If-Match ``PROBE_ETAG``: False when the endpoint refused it (412: it
+    honours the condition, and nothing was written), True when it wrote it (it ignores the
+    condition). Raises StorageRejected when it refuses the header itself."""
+    try:
+        store.put(key, body, if_match=PROBE_ETAG)
+    except PreconditionFailed:
+        return False
+    return True
+
+
 def take_fence(
     store: Store,
     run: Location,
     run_uid: str,
     attempt: int,
     seen: tuple[bytes, str] | None = None,
+    if_match: IfMatch | None = None,
 ) -> tuple[RunManifest, int]:
     """Takes the run's fence for ``attempt`` (the operator, before the attempt's pods exist):
     (the manifest as written, the attempt's epoch). Idempotent for one attempt. A version-1
     manifest is upgraded in the same write. ``seen``: the manifest's bytes and ETag as the
     caller just read them, used instead of a first read (a compare-and-swap on a stale ETag
-    fails, and the next try reads afresh). Raises StaleAttempt, ManifestError, StorageError."""
+    fails, and the next try reads afresh). Raises StaleAttempt, ManifestError, StorageError.
+
+    The write is read back to confirm it, unless ``if_match`` (the endpoint's, kept by the
+    caller) says the endpoint honours If-Match and the write replaced a manifest: a
+    compare-and-swap that succeeded there is the confirmation. The first such fence on an
+    endpoint finds out with one more write of the manifest, If-Match a version it cannot have:
+    refused (412) where the condition is honoured; where it is ignored, that write is the fence,
+    written plainly as on an endpoint that refuses the headers, and read back."""
     key = run.key(RUN_MANIFEST)
     mine = protocol.holder_of(run_uid, attempt)
     for i in range(CAS_ATTEMPTS):
@@ -229,15 +260,27 @@ def take_fence(
             assert manifest is not None
             return manifest, epoch
         etag = got[1] if got else None
+        body = updated.to_json()
+        probe = if_match if etag is not None else None
         try:
-            _write_manifest(store, key, updated.to_json(), etag, cas=True)
+            written = False
+            if probe is not None and probe.honoured is None:
+                written = _written_despite(store, key, body)
+                probe.honoured = not written
+            if not written:
+                _write_manifest(store, key, body, etag, cas=True)
         except PreconditionFailed:
             _backoff(i)
             continue
         except StorageRejected:
             # An endpoint that refuses the condition headers (the sidecars' probe says "no
             # conditional writes" for it too): write, and read back below.
-            _write_manifest(store, key, updated.to_json(), etag, cas=False)
+            if probe is not None:
+                probe.honoured = False
+            _write_manifest(store, key, body, etag, cas=False)
+        else:
+            if probe is not None and probe.honoured:
+                return updated, epoch  # a compare-and-swap the endpoint honours: it took
         check = read_run_manifest(store, run)  # an endpoint that ignores If-Match: confirm
         if check is not None and check.fence_holder == mine and check.fence == epoch:
             return check, epoch

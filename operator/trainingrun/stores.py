@@ -22,7 +22,7 @@ from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from trainingrun.api import CheckpointRef, StorageSpec
-from trainingrun.commit import take_fence
+from trainingrun.commit import IfMatch, take_fence
 from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest_tagged
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
@@ -30,6 +30,7 @@ from trainingrun.manifest import RunManifest
 from trainingrun.storage import (
     OPERATOR_BUDGET,
     CredentialsSecretError,
+    Location,
     SecretValues,
     StorageUnavailable,
     Store,
@@ -215,6 +216,7 @@ class RunStores:
         self._stores: OrderedDict[StoreKey, Store] = OrderedDict()  # least recently used first
         self._max_stores = max_stores
         self._stores_lock = threading.Lock()  # the dict: held for a lookup or an insert
+        self._if_matches: dict[tuple[str | None, str], IfMatch] = {}  # by endpoint and bucket
         self._open_lock = threading.Lock()  # making a client
         self.slots = EndpointSlots(max_in_flight, monotonic=monotonic)
         self._on_call = on_call
@@ -324,8 +326,16 @@ class RunStores:
         Secret is gone cannot start its containers, so a deleted Secret holds the start."""
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage, fresh=True)
+        location = parse_uri(run_prefix(ref))
         with self.slots.hold(limited(storage)):
-            return take_fence(store, parse_uri(run_prefix(ref)), ref.uid, attempt, seen)
+            if_match = self._if_match(storage, location) if store.scheme == "s3" else None
+            return take_fence(store, location, ref.uid, attempt, seen, if_match)
+
+    def _if_match(self, storage: StorageSpec, location: Location) -> IfMatch:
+        """What the fences found the endpoint and bucket of ``storage`` do with If-Match (S3
+        only: Cloud Storage and Azure keep the read-back)."""
+        with self._stores_lock:
+            return self._if_matches.setdefault((storage.endpoint, location.bucket), IfMatch())
 
     def choose(self, ref: RunRef, bad: set[int], manifest: RunManifest | None) -> Choice:
         """The newest committed checkpoint that verifies, given the manifest just read. Raises

@@ -49,7 +49,14 @@ from trainingrun.manifest import (
     part_prefix,
 )
 from trainingrun.protocol import Fenced, StaleAttempt
-from trainingrun.storage import Location, PreconditionFailed, S3Store, StorageUnavailable, Store
+from trainingrun.storage import (
+    Location,
+    PreconditionFailed,
+    S3Store,
+    StorageRejected,
+    StorageUnavailable,
+    Store,
+)
 
 BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
@@ -215,6 +222,101 @@ def test_two_takers_racing_get_two_epochs(client: Any, sleeps: list[float]) -> N
     assert (rival, epoch) == ([1], 2)
     assert racing.manifest_writes == ["if-none-match", "if-match"]
     assert len(sleeps) == 1
+
+
+class CallLog(S3Store):
+    """Records each call on manifest.json (``get``, ``put if-match <etag>``, ``put``...);
+    ``conditions``: "honour" (moto's own), "ignore" (writes whatever the condition) or
+    "refuse" (StorageRejected on a condition header, as an endpoint that does not know it)."""
+
+    def __init__(self, client: Any, conditions: str = "honour") -> None:
+        super().__init__(client, BUCKET)
+        self.conditions = conditions
+        self.calls: list[str] = []
+
+    def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
+        if key == RUN.key(RUN_MANIFEST):
+            self.calls.append("get")
+        return super().get_with_etag(key)
+
+    def get(self, key: str) -> bytes | None:
+        if key == RUN.key(RUN_MANIFEST):
+            self.calls.append("get")
+        return super().get(key)
+
+    def put(self, key: str, data: bytes, **kwargs: Any) -> str:
+        if key != RUN.key(RUN_MANIFEST):
+            return super().put(key, data, **kwargs)
+        cond = kwargs.get("if_match") or ("*" if kwargs.get("if_none_match") else None)
+        probe = kwargs.get("if_match") == commit.PROBE_ETAG
+        self.calls.append("put" if cond is None else "put probe" if probe else "put cas")
+        if cond is not None and self.conditions == "refuse":
+            raise StorageRejected(f"{key}: the endpoint refused the request (NotImplemented)")
+        if self.conditions == "ignore":
+            kwargs = {}
+        return super().put(key, data, **kwargs)
+
+
+@pytest.mark.parametrize(
+    ("conditions", "first", "second", "honoured"),
+    [
+        # Honoured: one probe (412, nothing written), then no read-back ever.
+        pytest.param("honour", ["put probe", "put cas"], ["get", "put cas"], True, id="honoured"),
+        # Ignored: the probe wrote the fence; every fence is read back; no second probe.
+        pytest.param(
+            "ignore", ["put probe", "get"], ["get", "put cas", "get"], False, id="ignored"
+        ),
+        # Refused: written plainly and read back; no second probe.
+        pytest.param(
+            "refuse",
+            ["put probe", "put", "get"],
+            ["get", "put cas", "put", "get"],
+            False,
+            id="refused",
+        ),
+    ],
+)
+def test_the_fence_reads_back_only_where_if_match_is_not_honoured(
+    client: Any, conditions: str, first: list[str], second: list[str], honoured: bool
+) -> None:
+    take_fence(S3Store(client, BUCKET), RUN, UID, 1)  # a manifest to replace
+    seen = S3Store(client, BUCKET).get_with_etag(RUN.key(RUN_MANIFEST))
+    store, if_match = CallLog(client, conditions), commit.IfMatch()
+
+    _, epoch = take_fence(store, RUN, UID, 2, seen, if_match)
+    calls, store.calls = store.calls, []
+    _, epoch3 = take_fence(store, RUN, UID, 3, None, if_match)
+
+    assert (calls, store.calls) == (first, second)
+    assert if_match.honoured is honoured
+    assert (epoch, epoch3) == (2, 3)
+    assert (_manifest(store).fence, _manifest(store).fence_holder) == (3, "uid-1/3")
+
+
+def test_the_first_fence_of_a_run_is_read_back_and_probes_nothing(client: Any) -> None:
+    """No manifest yet: a create-only write, read back; If-Match is not probed there."""
+    store, if_match = CallLog(client), commit.IfMatch()
+
+    take_fence(store, RUN, UID, 1, None, if_match)
+
+    assert store.calls == ["get", "put cas", "get"]
+    assert if_match.honoured is None
+
+
+def test_a_fence_that_loses_the_race_where_if_match_is_honoured(
+    client: Any, sleeps: list[float]
+) -> None:
+    """Known honoured: a rival's write between our read and the compare-and-swap is a 412, read
+    again, and the fence goes over the rival's."""
+    take_fence(S3Store(client, BUCKET), RUN, UID, 1)
+    rival: list[int] = []
+    racing = RacingStore(client, lambda s: rival.append(take_fence(s, RUN, "uid-2", 1)[1]))
+
+    _, epoch = take_fence(racing, RUN, UID, 2, None, commit.IfMatch(honoured=True))
+
+    assert (rival, epoch) == ([2], 3)
+    assert racing.manifest_writes == ["if-match", "if-match"]
+    assert _manifest(racing).fence_holder == "uid-1/2"
 
 
 # -- Committer and try_commit ----------------------------------------------------------------
