@@ -54,6 +54,9 @@ EXTERNAL_FRAMEWORK = "TrainingRun.v1alpha1.trainingrun.dev"  # Kind.version.grou
 # Kueue fills an empty framework list with batch/job. The AppWrapper API is not installed, so
 # its integration never starts (Kueue waits for the API to appear) and nothing is managed.
 PLACEHOLDER_FRAMEWORK = "workload.codeflare.dev/appwrapper"
+# How long the CRDs (and their objects) may take to go when Kueue is taken down.
+CRDS_GONE_S = 180.0
+
 # The CRDs Kueue serves conversions for (pkg/util/cert/cert.go, the CRD kustomization's patches).
 CONVERTED_CRDS = (
     "localqueues.kueue.x-k8s.io",
@@ -428,47 +431,47 @@ def up(env: LocalEnv) -> Kueue:
 
 
 def down(env_name: str | None = None, quiet: bool = False) -> None:
-    """Stops the environment's Kueue and removes its webhook configurations and its CRDs (with
-    their objects): the conversion webhook of a CRD left behind would fail every read of it,
-    and with no CRD the cluster is one without Kueue, as an operator sees it."""
+    """Removes the environment's webhook configurations and its CRDs (with their objects), then
+    stops its Kueue: the conversion webhook of a CRD left behind would fail every read of it,
+    and with no CRD the cluster is one without Kueue, as an operator sees it. The CRDs go while
+    Kueue still answers their conversions (their objects' cleanup reads them through it), and
+    are waited for until gone: a CRD still terminating when the next ``up`` applies it would
+    vanish under the new Kueue. Raises when they do not go within the bound."""
     name = env_name or localenv.env_name()
     kdir = kueue_dir(name)
+    kubeconfig = state_dir(name) / "kubeconfig"
+    kubectl = localenv.CACHE / "bin" / "kubectl"
+
+    def run(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        command = [str(kubectl), "--kubeconfig", str(kubeconfig), "--request-timeout=10s"]
+        return subprocess.run(
+            [*command, *args], capture_output=True, text=True, timeout=timeout, check=False
+        )
+
+    def ours() -> list[str]:
+        crds = run("get", "crd", "-o", "name").stdout.split()
+        return [c for c in crds if c.endswith(".kueue.x-k8s.io")]
+
+    reachable, crds = kubeconfig.exists() and kubectl.exists(), []
+    if reachable:
+        hooks = (f"{kind.lower()}/{hook}" for kind, hook in WEBHOOK_CONFIGURATIONS.items())
+        run("delete", "--ignore-not-found", *hooks)
+        crds = ours()
+        if crds:
+            run("delete", "--wait=false", "--ignore-not-found", *crds)
+            deadline = time.monotonic() + CRDS_GONE_S
+            while crds and time.monotonic() < deadline:
+                time.sleep(1)
+                crds = ours()
     with contextlib.suppress(FileNotFoundError, ValueError):
         localenv.stop_pid(int((kdir / PID_FILE).read_text() or 0))
     (kdir / PID_FILE).unlink(missing_ok=True)
     (kdir / "kueue.json").unlink(missing_ok=True)
-    kubeconfig = state_dir(name) / "kubeconfig"
-    kubectl = localenv.CACHE / "bin" / "kubectl"
-    if kubeconfig.exists() and kubectl.exists():
-        subprocess.run(
-            [
-                str(kubectl),
-                "--kubeconfig",
-                str(kubeconfig),
-                "--request-timeout=5s",
-                "delete",
-                "--ignore-not-found",
-                *(f"{kind.lower()}/{hook}" for kind, hook in WEBHOOK_CONFIGURATIONS.items()),
-            ],
-            capture_output=True,
-            timeout=30,
-            check=False,
+    if crds:
+        raise RuntimeError(
+            f"Kueue's CRDs still there {CRDS_GONE_S:.0f} s after their delete: {', '.join(crds)}"
+            " (kubectl get crd -o yaml shows what holds them)"
         )
-        crds = subprocess.run(
-            [str(kubectl), "--kubeconfig", str(kubeconfig), "get", "crd", "-o", "name"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
-        ).stdout.split()
-        ours = [c for c in crds if c.endswith(".kueue.x-k8s.io")]
-        if ours:
-            subprocess.run(
-                [str(kubectl), "--kubeconfig", str(kubeconfig), "delete", "--timeout=60s", *ours],
-                capture_output=True,
-                timeout=90,
-                check=False,
-            )
     if not quiet:
         _log(f"Kueue of {name} down")
 

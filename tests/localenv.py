@@ -271,6 +271,12 @@ def _create_cluster(name: str, bin_dir: Path, kubeconfig: Path, sdir: Path) -> N
         # both, as on a real cluster.
         "--kube-admission",
         "--kube-authorization",
+        # Kubernetes' own node timing: a node that stops heartbeating turns NotReady after the
+        # controller's 40 s grace (checked every 5 s), and kwok's nodes hold a kubelet's 40 s
+        # Lease. kwokctl multiplies all three by 5 unless told (3m20s, 25 s, 200 s), and a
+        # node-loss test would wait four minutes for the node-lifecycle controller.
+        "--heartbeat-factor",
+        "1",
         "--extra-args",
         "kwok-controller=manage-all-nodes=false",
         "--extra-args",
