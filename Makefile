@@ -106,7 +106,7 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		exit 1; } >&2
 
 test: verify tools emulators lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
-	$(BIN)/pytest tests --durations=40
+	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder
 	cp crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml

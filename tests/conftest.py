@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
+from xdist.scheduler import LoadScopeScheduling
 
 from tests import kueue as kueue_mod
 from tests import localenv as localenv_mod
@@ -38,6 +39,23 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+
+
+class ClusterAndLocal(LoadScopeScheduling):  # type: ignore[misc]
+    """Two work units: every test on the cluster (tests/integration, tests/e2e), and the rest."""
+
+    def _split_scope(self, nodeid: str) -> str:
+        tier = Path(nodeid.split("::", 1)[0]).parts[1:2]
+        return "cluster" if tier and tier[0] in TIERS else "local"
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``pytest -n 2 --dist loadscope`` (``make test``): the tests on the cluster run in one
+    worker and in order, as they share one environment and one operator; the others run in the
+    second worker beside them. Other ``--dist`` modes are pytest-xdist's own."""
+    if config.getvalue("dist") != "loadscope":
+        return None
+    return ClusterAndLocal(config, log)
 
 
 @pytest.fixture(scope="session")

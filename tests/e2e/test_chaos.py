@@ -20,15 +20,15 @@ SHORT = Config(
     real=2,
     fault_minutes=2.0,
     mean_gap_s=2.0,
-    max_steps=300,
+    max_steps=200,
     save_steps=10,
-    step_delay=0.5,
+    step_delay=0.4,
     runs_per_node=5,
     real_share=0.2,
-    settle_s=60.0,
+    settle_s=30.0,
     finish_timeout_s=420.0,
     kill_until=0.4,
-    memory_window_s=30.0,
+    memory_window_s=20.0,
 )
 
 
