@@ -19,13 +19,9 @@ each checkpoint, the sidecar of each rank:
    after the manifest no longer names it.
 
 ``detect_capabilities`` probes the endpoint with tiny objects first: which checksum it accepts
-and checks, and whether it honours If-None-Match. Without conditional writes, the part
-record of step 3 is written plainly (only its own epoch and rank write that key), and the writes
-of step 4 and of the fence are written and read back: a write that a concurrent writer replaced
-is seen and retried, but two writers that race between the write and the read can both believe
-they won, and a commit racing the fence can write the older fence back. An old attempt that has
-read the new fence still never commits, and no committed object is ever overwritten (keys are
-per epoch).
+and checks, and whether it honours If-None-Match. Without conditional writes, step 3 is written
+plainly and the writes of step 4 and of the fence are read back (docs/checkpoints.md says what
+then holds: no committed object is ever overwritten, keys being per epoch).
 """
 
 from __future__ import annotations
@@ -101,9 +97,8 @@ def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Ca
     accepts and checks, and whether it honours If-None-Match. The probe objects are removed."""
     probe = run.key(".trainingrun-probe", uuid.uuid4().hex)
     names = checksum.PREFERENCE if wanted == "auto" else (checksum.algorithm(wanted).name,)
-    data = b"trainingrun capability probe"
+    data, verifies = b"trainingrun capability probe", False
     chosen: Algorithm | None = None
-    verifies = False
     try:
         for name in names:
             algo = checksum.ALGORITHMS[name]
@@ -116,10 +111,8 @@ def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Ca
             wrong = checksum.digest(algo, data + b"!")
             try:
                 store.put_checked(probe, data, algo, wrong)
-            except ChecksumMismatch:
+            except (ChecksumMismatch, StorageRejected):  # refused, which is what matters
                 verifies = True
-            except StorageRejected:
-                verifies = True  # refused, which is what matters
             break
         if chosen is None:
             raise StorageRejected(
@@ -196,9 +189,8 @@ def _backoff(attempt: int) -> None:
 
 
 def _write_manifest(store: Store, key: str, body: bytes, etag: str | None, cas: bool) -> None:
-    """One compare-and-swap of ``manifest.json`` (If-Match the version read, or If-None-Match
-    when there was none); raises PreconditionFailed when it lost. Without conditional writes it
-    writes, and the caller reads back."""
+    """One compare-and-swap of ``manifest.json`` (If-Match the version read, If-None-Match when
+    none; PreconditionFailed when it lost), or a plain write (``cas`` False) the caller reads."""
     if not cas:
         store.put(key, body)
     elif etag is None:
@@ -207,27 +199,14 @@ def _write_manifest(store: Store, key: str, body: bytes, etag: str | None, cas: 
         store.put(key, body, if_match=etag)
 
 
-# A version no object has: a write If-Match it fails (412) wherever the condition is honoured.
-PROBE_ETAG = '"trainingrun-if-match-probe"'
+PROBE_ETAG = '"trainingrun-if-match-probe"'  # no object's: a 412 wherever If-Match is honoured
 
 
 @dataclass
 class IfMatch:
-    """Whether one endpoint honours If-Match on a write of ``manifest.json``: None until the
-    first fence taken there with a manifest to replace finds out (``take_fence``)."""
+    """Whether an endpoint honours If-Match on ``manifest.json``; None: not found out yet."""
 
     honoured: bool | None = None
-
-
-def _written_despite(store: Store, key: str, body: bytes) -> bool:
-    """Writes ``body`` If-Match ``PROBE_ETAG``: False when the endpoint refused it (412: it
-    honours the condition, and nothing was written), True when it wrote it (it ignores the
-    condition). Raises StorageRejected when it refuses the header itself."""
-    try:
-        store.put(key, body, if_match=PROBE_ETAG)
-    except PreconditionFailed:
-        return False
-    return True
 
 
 def take_fence(
@@ -239,17 +218,12 @@ def take_fence(
     if_match: IfMatch | None = None,
 ) -> tuple[RunManifest, int]:
     """Takes the run's fence for ``attempt`` (the operator, before the attempt's pods exist):
-    (the manifest as written, the attempt's epoch). Idempotent for one attempt. A version-1
-    manifest is upgraded in the same write. ``seen``: the manifest's bytes and ETag as the
-    caller just read them, used instead of a first read (a compare-and-swap on a stale ETag
-    fails, and the next try reads afresh). Raises StaleAttempt, ManifestError, StorageError.
-
-    The write is read back to confirm it, unless ``if_match`` (the endpoint's, kept by the
-    caller) says the endpoint honours If-Match and the write replaced a manifest: a
-    compare-and-swap that succeeded there is the confirmation. The first such fence on an
-    endpoint finds out with one more write of the manifest, If-Match a version it cannot have:
-    refused (412) where the condition is honoured; where it is ignored, that write is the fence,
-    written plainly as on an endpoint that refuses the headers, and read back."""
+    (the manifest as written, the attempt's epoch). Idempotent for one attempt; a version-1
+    manifest is upgraded. ``seen``: the manifest's bytes and ETag as just read, instead of a
+    first read. Raises StaleAttempt, ManifestError, StorageError.
+    The write is read back, unless ``if_match`` (the endpoint's) says If-Match is honoured and
+    a manifest was replaced. The first such write finds out, If-Match ``PROBE_ETAG``: a 412
+    writes nothing; where the condition is ignored, that write is the fence, read back."""
     key = run.key(RUN_MANIFEST)
     mine = protocol.holder_of(run_uid, attempt)
     for i in range(CAS_ATTEMPTS):
@@ -265,22 +239,22 @@ def take_fence(
         try:
             written = False
             if probe is not None and probe.honoured is None:
-                written = _written_despite(store, key, body)
+                with contextlib.suppress(PreconditionFailed):
+                    store.put(key, body, if_match=PROBE_ETAG)
+                    written = True  # the condition ignored: that was the fence, read back
                 probe.honoured = not written
             if not written:
                 _write_manifest(store, key, body, etag, cas=True)
         except PreconditionFailed:
             _backoff(i)
             continue
-        except StorageRejected:
-            # An endpoint that refuses the condition headers (the sidecars' probe says "no
-            # conditional writes" for it too): write, and read back below.
+        except StorageRejected:  # refuses the condition headers: write, and read back below
             if probe is not None:
                 probe.honoured = False
             _write_manifest(store, key, body, etag, cas=False)
-        else:
+        else:  # a compare-and-swap where If-Match is honoured: it took
             if probe is not None and probe.honoured:
-                return updated, epoch  # a compare-and-swap the endpoint honours: it took
+                return updated, epoch
         check = read_run_manifest(store, run)  # an endpoint that ignores If-Match: confirm
         if check is not None and check.fence_holder == mine and check.fence == epoch:
             return check, epoch

@@ -251,7 +251,10 @@ class DictStore:
     """The ``Store`` calls of the commit protocol over a dict of key -> bytes, with S3's
     conditional writes (If-None-Match, If-Match on an ETag that changes with every write):
     get, list, put, head (size, CRC64NVME of the bytes), delete, multipart listing. ``gets``
-    records the keys read; ``deleted`` every key deleted."""
+    records the keys read; ``deleted`` every key deleted. Its scheme is none of the real
+    ones: the operator's fence reads back after its write here, as on Cloud Storage and Azure."""
+
+    scheme = "memory"
 
     def __init__(self) -> None:
         self.objects: dict[str, bytes] = {}
