@@ -25,12 +25,34 @@ from tests import kueue as kueue_mod
 from tests import localenv as localenv_mod
 from tests.azurite import Azurite
 from tests.fakegcs import FakeGcs
+from tests.integration.agents import S3, PrivateSeaweedFS
 from tests.integration.stores import Bucket
 from tests.integration.support import OperatorProcess, Runs, wait_for
 
 REPO = Path(__file__).resolve().parents[1]
 
 TIERS = ("integration", "e2e")
+
+# The modules of those tiers that need no cluster: real processes, real trainers and a SeaweedFS
+# of their own (the ``seaweedfs`` fixture), never the environment's. ``make test`` runs them
+# beside the cluster tests; the collection refuses one that asks for the environment.
+BESIDE_THE_CLUSTER = frozenset(
+    {
+        "tests/integration/test_fenced_commits.py",
+        "tests/integration/test_formats.py",
+        "tests/integration/test_storage_names.py",
+        "tests/integration/test_stores.py",
+        "tests/integration/test_sync_restore.py",
+        "tests/integration/test_sync_startup.py",
+        "tests/e2e/test_framework_callbacks.py",
+        "tests/e2e/test_real_layouts.py",
+        "tests/e2e/test_trainer_resume.py",
+    }
+)
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -39,14 +61,25 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         for tier in TIERS:
             if tier in parts:
                 item.add_marker(getattr(pytest.mark, tier))
+        if _module(item.nodeid) in BESIDE_THE_CLUSTER and "localenv" in getattr(
+            item, "fixturenames", ()
+        ):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses the environment (the localenv fixture), but its module is "
+                "in BESIDE_THE_CLUSTER (tests/conftest.py), which make test runs beside the "
+                "cluster tests: use the seaweedfs fixture, or take the module off that list"
+            )
 
 
 class ClusterAndLocal(LoadScopeScheduling):  # type: ignore[misc]
-    """Two work units: every test on the cluster (tests/integration, tests/e2e), and the rest."""
+    """Two work units: every test on the cluster (tests/integration, tests/e2e, but for the
+    modules ``BESIDE_THE_CLUSTER``), and the rest."""
 
     def _split_scope(self, nodeid: str) -> str:
-        tier = Path(nodeid.split("::", 1)[0]).parts[1:2]
-        return "cluster" if tier and tier[0] in TIERS else "local"
+        module = _module(nodeid)
+        tier = Path(module).parts[1:2]
+        on_cluster = tier and tier[0] in TIERS and module not in BESIDE_THE_CLUSTER
+        return "cluster" if on_cluster else "local"
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
@@ -83,8 +116,27 @@ def azurite(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Azurite]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
+    """A SeaweedFS of the session's own on loopback, apart from the environment's: the tests
+    ``BESIDE_THE_CLUSTER`` use it."""
+    server = PrivateSeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
+    server.start()
+    try:
+        yield server.s3
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def bucket_env(localenv: localenv_mod.LocalEnv) -> localenv_mod.LocalEnv:
+    """The SeaweedFS of the ``bucket`` fixture's s3:// case: the environment's, which the
+    operator's tests need; a module beside the cluster overrides it with ``seaweedfs``."""
+    return localenv
+
+
 @pytest.fixture(params=["s3", "gs", "az"])
-def bucket(request: pytest.FixtureRequest, localenv: localenv_mod.LocalEnv) -> Bucket:
+def bucket(request: pytest.FixtureRequest) -> Bucket:
     """The bucket of each store in turn: SeaweedFS, fake-gcs-server, Azurite."""
     if request.param == "gs":
         gcs: FakeGcs = request.getfixturevalue("fake_gcs")
@@ -92,7 +144,8 @@ def bucket(request: pytest.FixtureRequest, localenv: localenv_mod.LocalEnv) -> B
     if request.param == "az":
         az: Azurite = request.getfixturevalue("azurite")
         return Bucket.azurite(az.endpoint, az.account, az.container, az.key)
-    return Bucket.seaweedfs(localenv)
+    env: localenv_mod.LocalEnv = request.getfixturevalue("bucket_env")
+    return Bucket.seaweedfs(env)
 
 
 @pytest.fixture(scope="session")

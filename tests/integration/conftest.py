@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agents import S3, SyncProcess
-from tests.localenv import LocalEnv
 
 
 @pytest.fixture
-def agent_s3(localenv: LocalEnv) -> S3:
-    """The bucket as the agents see it (endpoint, credentials); ``s3`` is the boto3 client."""
-    return S3.of(localenv)
+def agent_s3(seaweedfs: S3) -> S3:
+    """The bucket as the agents see it (endpoint, credentials), on the session's own SeaweedFS
+    (the agent tests run beside the cluster tests)."""
+    return seaweedfs
 
 
 @pytest.fixture

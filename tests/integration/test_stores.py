@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agents import (
+    S3,
     SyncProcess,
     make_checkpoint,
     run_restore,
@@ -30,12 +31,19 @@ from tests.integration.agents import (
 from tests.integration.stores import Bucket
 from tests.integration.support import commit_checkpoint_to, wait_for
 from tests.integration.test_sync_restore import same_tree
+from tests.localenv import LocalEnv
 from trainingrun.checksum import CRC32C
 from trainingrun.commit import Capabilities, Committer, take_fence
 from trainingrun.contract import EXIT_CHECKPOINT_BAD
 from trainingrun.manifest import MANIFEST_VERSION, PACK_DIR, CheckpointManifest
 
 MiB = 1 << 20
+
+
+@pytest.fixture
+def bucket_env(seaweedfs: S3) -> LocalEnv:
+    """The s3:// case on the session's own SeaweedFS: these tests run beside the cluster's."""
+    return seaweedfs.as_localenv()
 
 
 def test_sigkill_mid_upload_commits_nothing_partial_then_restart_commits(

@@ -28,7 +28,6 @@ import pytest
 
 from tests.integration.agents import (
     S3,
-    PrivateSeaweedFS,
     SyncProcess,
     agent_env,
     make_checkpoint,
@@ -60,16 +59,6 @@ SLOW_START = textwrap.dedent(
     sys.meta_path.insert(0, _SlowBoto3())
     """
 )
-
-
-@pytest.fixture(scope="module")
-def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
-    server = PrivateSeaweedFS(tmp_path_factory.mktemp("seaweedfs"))
-    server.start()
-    try:
-        yield server.s3
-    finally:
-        server.stop()
 
 
 @pytest.fixture
