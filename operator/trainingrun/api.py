@@ -125,6 +125,17 @@ class CheckpointSpec(_Model):
         pattern=r"^[0-9]+(\.[0-9]+)?([KMGTPE]i|[kMGTPE]|[eE][0-9]+)?$",
         max_length=32,
     )
+    restore_mode: Literal["BeforeTrainer", "AlongsideTrainer"] = Field(
+        default="BeforeTrainer",
+        description=(
+            "When a resume's checkpoint is downloaded. BeforeTrainer: by an init container, so "
+            "any trainer finds it in place. AlongsideTrainer: by a container beside the trainer, "
+            "during the trainer's start-up; the trainer must get the checkpoint from "
+            "trainingrun.trainer.resume_from() (the hf, lightning and composer integrations "
+            "do), which waits until it is verified in place (docs/checkpoints.md, restore "
+            "beside the trainer)."
+        ),
+    )
     unprotected_after_seconds: int = Field(
         default=1800,
         ge=0,

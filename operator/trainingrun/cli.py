@@ -296,6 +296,7 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
             transfer=transfer,
             termination_log=Path(_env(env, c.ENV_TERMINATION_LOG, "/dev/termination-log")),
             size_limit=size_limit,
+            tell_trainer=env.get(c.ENV_RESUME_WAIT) == "1",
         )
     except SettingsError as e:
         print(f"trainingrun restore: {e}", file=sys.stderr)

@@ -57,6 +57,10 @@ ENV_ATTEMPT = "TRAININGRUN_ATTEMPT"
 ENV_CHECKPOINT_DIR = "TRAININGRUN_CHECKPOINT_DIR"
 ENV_RESUME_FROM = "TRAININGRUN_RESUME_FROM"  # local folder of the restored checkpoint, or ""
 ENV_RESUME_STEP = "TRAININGRUN_RESUME_STEP"
+# "1" when the restore runs beside the trainer (spec.checkpoint.restoreMode AlongsideTrainer), in
+# both: the restore writes its outcome file (``local.RESTORED``), ``trainer.resume_from()`` waits
+# for it.
+ENV_RESUME_WAIT = "TRAININGRUN_RESUME_WAIT"
 ENV_RESUME_URI = "TRAININGRUN_RESUME_URI"
 ENV_REPLICAS = "TRAININGRUN_REPLICAS"  # pods of the attempt (replicas > 1 only; with ENV_RANK)
 # torchrun's environment (the defaults of its --nnodes, --node-rank, --master-addr and

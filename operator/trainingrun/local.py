@@ -13,6 +13,8 @@ Layout of ``TRAININGRUN_CHECKPOINT_DIR`` (an ``emptyDir`` shared by the three co
     .trainingrun/save-now              written by the sidecar on a preemption notice or SIGTERM;
                                        the callback saves at the next step end and stops
     .trainingrun/progress.json         written by the callback: {"step": .., "max_steps": ..}
+    .trainingrun/restored              written last by the restore: its exit code and message,
+                                       which a trainer started beside it waits for
 
 A trainer without an integration still gets sync: each layout says when a checkpoint is whole
 (the framework's own marker, or no change for a quiet period).
@@ -35,6 +37,7 @@ COMPLETE_MARKER = layouts.COMPLETE_MARKER
 CONTROL_DIR = layouts.CONTROL_DIR
 SAVE_NOW = "save-now"
 PROGRESS = "progress.json"
+RESTORED = "restored"
 # Written last by the HuggingFace Trainer's save; its presence plus quiet means complete.
 TRAINER_STATE = layouts.TRAINER_STATE
 
@@ -124,6 +127,36 @@ def read_progress(checkpoint_dir: Path) -> Progress | None:
     # one, Infinity (OverflowError), deep nesting (RecursionError).
     except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
         return None
+
+
+@dataclass(frozen=True)
+class Restored:
+    """How the restore ended: its exit code (0: the checkpoint is verified in place) and what it
+    said."""
+
+    exit_code: int
+    message: str
+
+
+def write_restored(checkpoint_dir: Path, outcome: Restored) -> None:
+    """Atomically writes the restore's outcome, readable and replaceable by every container."""
+    path = control_path(checkpoint_dir, RESTORED)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"exit_code": outcome.exit_code, "message": outcome.message}))
+    tmp.chmod(SHARED_FILE_MODE)
+    os.replace(tmp, path)
+
+
+def read_restored(checkpoint_dir: Path) -> Restored | None:
+    """The restore's outcome, or None while it runs."""
+    try:
+        raw = json.loads(control_path(checkpoint_dir, RESTORED).read_text())
+        return Restored(int(raw["exit_code"]), str(raw["message"]))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError) as e:
+        return Restored(-1, f"unreadable outcome file {RESTORED}: {e}")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -93,6 +93,8 @@ class RestoreSettings:
     termination_log: Path = Path("/dev/termination-log")
     # spec.checkpoint.sizeLimit in bytes; None: only the volume's free space counts.
     size_limit: int | None = None
+    # A trainer started beside the restore waits for its outcome (local.RESTORED).
+    tell_trainer: bool = False
 
 
 # A Kubernetes quantity of bytes as spec.checkpoint.sizeLimit takes it: digits with an optional
@@ -338,10 +340,24 @@ def move_into(staging: Path, final: Path) -> None:
 
 
 def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
+    """Restores, then writes the outcome a trainer started beside the restore waits for
+    (``local.RESTORED``), when one does."""
+    code, message = _restore(store, s, metrics)
+    if not s.tell_trainer:
+        return code
+    try:
+        local.write_restored(s.checkpoint_dir, local.Restored(code, message))
+    except OSError as e:
+        log.error("could not write the restore's outcome for the trainer: %s", e)
+        return code or EXIT_ERROR
+    return code
+
+
+def _restore(store: Store, s: RestoreSettings, metrics: Metrics) -> tuple[int, str]:
     unexpected = False
     try:
-        restore(store, s, metrics)
-        return EXIT_OK
+        resume = restore(store, s, metrics)
+        return EXIT_OK, f"{checkpoint_dirname(s.step)} restored and verified at {resume}"
     except CheckpointBad as e:
         reason, message, code = "CheckpointBad", f"checkpoint bad: {e}", EXIT_CHECKPOINT_BAD
     except InsufficientDisk as e:
@@ -355,4 +371,4 @@ def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
     metrics.failures.labels(reason).inc()
     log.error("%s", message, exc_info=unexpected)
     local.write_termination_message(s.termination_log, message)
-    return code
+    return code, message

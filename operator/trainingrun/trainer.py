@@ -26,7 +26,9 @@ Standard library only: a hand-written loop needs nothing else, and the framework
   without it the sidecar waits for the format's own proof or a quiet period
   (docs/checkpoints.md).
 - ``resume_from()`` is ``TRAININGRUN_RESUME_FROM``: the restored checkpoint in the form the
-  format's resume argument takes (a folder, or a file), or None on a fresh start.
+  format's resume argument takes (a folder, or a file), or None on a fresh start. With
+  ``spec.checkpoint.restoreMode: AlongsideTrainer`` the restore runs while the trainer starts,
+  and ``resume_from()`` waits for its verified checkpoint: call it after the slow imports.
 - Exit ``EXIT_STOPPED`` after an early stop, never 0: the operator counts a trainer's exit 0 as
   the run finished.
 """
@@ -37,26 +39,36 @@ import logging
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
 
 from trainingrun import local
-from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, EXIT_STOPPED
+from trainingrun.contract import (
+    ENV_CHECKPOINT_DIR,
+    ENV_RESUME_FROM,
+    ENV_RESUME_WAIT,
+    EXIT_STOPPED,
+)
 
 __all__ = [
     "EXIT_STOPPED",
+    "RestoreFailed",
     "StopOutcome",
     "StopRequest",
     "checkpoint_dir",
     "mark_complete",
     "report_progress",
     "resume_from",
+    "wait_for_restore",
 ]
 
 SIGTERM_REASON = "SIGTERM"
 # The stop reason of a rank that was not asked to stop itself but stops with the others.
 PEER_STOP = "stop requested on another rank"
+
+log = logging.getLogger("trainingrun")
 
 
 def checkpoint_dir(default: str | Path = "checkpoints") -> Path:
@@ -65,12 +77,21 @@ def checkpoint_dir(default: str | Path = "checkpoints") -> Path:
     return Path(os.environ.get(ENV_CHECKPOINT_DIR) or default)
 
 
+class RestoreFailed(RuntimeError):
+    """The restore beside the trainer did not put the checkpoint in place; the operator ends the
+    attempt from the restore's exit code."""
+
+
 def resume_from(folder: bool = False) -> Path | None:
     """The restored checkpoint to resume from, or None on a fresh start; ``folder``: it must be
-    a folder (the formats whose resume argument is one)."""
+    a folder (the formats whose resume argument is one). When the restore runs beside the
+    trainer (``restoreMode: AlongsideTrainer``), this waits until it has verified the checkpoint
+    in place, and raises ``RestoreFailed`` when it could not."""
     value = os.environ.get(ENV_RESUME_FROM, "")
     if not value:
         return None
+    if os.environ.get(ENV_RESUME_WAIT) == "1":
+        wait_for_restore(checkpoint_dir())
     path = Path(value)
     if not (path.is_dir() if folder else path.exists()):
         what = "is not a folder" if folder else "does not exist"
@@ -80,6 +101,22 @@ def resume_from(folder: bool = False) -> Path | None:
             "spec.checkpoint.localPath"
         )
     return path
+
+
+def wait_for_restore(folder: Path, poll_s: float = 0.05, say_every_s: float = 60) -> None:
+    """Waits for the outcome of the restore that runs beside the trainer (``local.RESTORED``)."""
+    started = last = time.monotonic()
+    log.info("waiting for the restore beside the trainer to verify the checkpoint")
+    while (outcome := local.read_restored(folder)) is None:
+        time.sleep(poll_s)
+        if time.monotonic() - last >= say_every_s:
+            last = time.monotonic()
+            log.info("still waiting for the restore (%.0f s)", last - started)
+    if outcome.exit_code != 0:
+        raise RestoreFailed(
+            f"the restore beside the trainer exited {outcome.exit_code}: {outcome.message}"
+        )
+    log.info("the restore is done after %.1f s of waiting", time.monotonic() - started)
 
 
 def mark_complete(path: str | Path) -> None:

@@ -379,6 +379,19 @@ class PodBuilder:
     def restore_exited(self, exit_code: int, *, message: str | None = None) -> Self:
         return self.init_exited(RESTORE_CONTAINER, exit_code, message=message)
 
+    def restore_beside_exited(self, exit_code: int, *, message: str | None = None) -> Self:
+        """The restore beside the trainer (``restoreMode: AlongsideTrainer``) terminated; the
+        pod's phase is left as it is (the trainer may still run)."""
+        terminated: dict[str, Any] = {
+            "exitCode": exit_code,
+            "reason": "Completed" if exit_code == 0 else "Error",
+        }
+        if message is not None:
+            terminated["message"] = message
+        state = {"terminated": terminated}
+        self._set_container("containerStatuses", RESTORE_CONTAINER, state, ready=False)
+        return self
+
     def waiting(
         self, reason: str, *, container: str = TRAINER_CONTAINER, message: str | None = None
     ) -> Self:

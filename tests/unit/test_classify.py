@@ -738,6 +738,70 @@ def test_only_the_operators_restore_reports_its_exit_codes(where: str, code: int
         assert RESTORE_CONTAINER in outcome.message
 
 
+# The pod of an attempt whose restore runs beside the trainer (restoreMode AlongsideTrainer).
+ALONGSIDE_POD = _built(
+    make_run("r1").with_checkpoint(120).with_checkpoint_fields(restoreMode="AlongsideTrainer"), 120
+)
+
+
+def _alongside(restore: int | None, trainer: int | None, node: str = "ready") -> Case:
+    """The alongside pod, running, its restore and trainer exited with the given codes (None:
+    still running)."""
+    pod = pod_from(ALONGSIDE_POD).running()
+    if restore is not None:
+        pod.restore_beside_exited(restore, message=f"restore said {restore}")
+    if trainer is not None:
+        pod.trainer_exited(trainer, phase="Running")
+    built = pod.build()
+    if trainer is not None and trainer != 0:
+        built["status"]["phase"] = "Failed"
+    node_obj = make_node("n1").not_ready().build() if node == "not-ready" else ready_node
+    return Case(built, End.NOT_ENDED, "", node_obj)
+
+
+@pytest.mark.parametrize(
+    ("restore", "trainer", "node", "end", "reason", "says"),
+    [
+        (None, None, "ready", End.NOT_ENDED, "Running", ""),
+        (0, None, "ready", End.NOT_ENDED, "Running", ""),
+        (EXIT_CHECKPOINT_BAD, None, "ready", End.CHECKPOINT_BAD, "CheckpointBad", "said 3"),
+        (EXIT_INSUFFICIENT_DISK, None, "ready", End.PERMANENT, "InsufficientDisk", "said"),
+        (1, None, "ready", End.FAILED, "RestoreFailed", "the restore exited 1: restore said 1"),
+        (1, 1, "ready", End.FAILED, "RestoreFailed", "the restore exited 1"),
+        (137, None, "not-ready", End.PREEMPTED, "NodeNotReady", "not ready"),
+        (0, 1, "ready", End.FAILED, "Error", "the trainer exited 1"),
+    ],
+    ids=[
+        "both-running",
+        "restored-trainer-running",
+        "checkpoint-bad-while-the-trainer-waits",
+        "out-of-disk-while-the-trainer-waits",
+        "restore-failed-while-the-trainer-waits",
+        "restore-failed-then-the-trainer",
+        "restore-killed-on-a-lost-node-is-a-preemption",
+        "restored-then-the-trainer-failed",
+    ],
+)
+def test_a_restore_beside_the_trainer_ends_the_attempt_when_it_fails(
+    restore: int | None, trainer: int | None, node: str, end: End, reason: str, says: str
+) -> None:
+    case = _alongside(restore, trainer, node)
+
+    outcome = classify(case.pod, node=case.node, node_deleted=False, notice_taints=[], now=NOW)
+
+    assert (outcome.end, outcome.reason) == (end, reason), outcome.message
+    assert says in outcome.message
+
+
+def test_a_user_container_named_like_the_restore_in_a_fresh_start_is_not_the_restore() -> None:
+    run = make_run("r1").with_container({**USER_RESTORE, "name": RESTORE_CONTAINER})
+    pod = pod_from(_built(run, None)).running().restore_beside_exited(1).build()
+
+    outcome = classify(pod, node=ready_node, node_deleted=False, notice_taints=[], now=NOW)
+
+    assert outcome.end is End.NOT_ENDED, outcome.message
+
+
 def test_notice_taints_come_from_the_argument_not_the_defaults() -> None:
     pod = make_pod().trainer_exited(143).build()
     node = make_node().tainted("example.com/draining").build()

@@ -11,7 +11,8 @@ Covers:
 - ``restartPolicy: Never`` even when the template says otherwise, grace period from
   ``spec.preemption``;
 - the restore init container only when resuming, after the user's init containers and before
-  the sync sidecar; the sync sidecar with ``restartPolicy: Always``;
+  the sync sidecar; the sync sidecar with ``restartPolicy: Always``; with ``restoreMode:
+  AlongsideTrainer`` the restore is a container beside the trainer, whose env says to wait;
 - the checkpoint volume (emptyDir) mounted at ``localPath`` in trainer, restore and sync;
 - TRAININGRUN_* values: RESUME_FROM empty on a fresh start and ``<localPath>/checkpoint-<step>``
   when resuming (also with a trailing slash), RESUME_URI under the run's prefix, ATTEMPT, KEEP,
@@ -36,6 +37,7 @@ from trainingrun.contract import (
     ANNOTATION_STOP,
     CHECKPOINT_VOLUME,
     CREDENTIAL_KEYS,
+    ENV_RESUME_WAIT,
     LABEL_ATTEMPT,
     LABEL_RANK,
     LABEL_RUN,
@@ -292,6 +294,42 @@ def test_sync_is_a_native_sidecar_and_restore_is_not() -> None:
 
     assert _container(pod, SYNC_CONTAINER)["restartPolicy"] == "Always"
     assert "restartPolicy" not in _container(pod, RESTORE_CONTAINER)
+
+
+@pytest.mark.parametrize(
+    ("mode", "step", "init", "main", "waits"),
+    [
+        ("BeforeTrainer", 120, [RESTORE_CONTAINER, SYNC_CONTAINER], [TRAINER_CONTAINER], False),
+        (
+            "AlongsideTrainer",
+            120,
+            [SYNC_CONTAINER],
+            [TRAINER_CONTAINER, RESTORE_CONTAINER],
+            True,
+        ),
+        ("BeforeTrainer", None, [SYNC_CONTAINER], [TRAINER_CONTAINER], False),
+        ("AlongsideTrainer", None, [SYNC_CONTAINER], [TRAINER_CONTAINER], False),
+    ],
+    ids=["before-resuming", "alongside-resuming", "before-fresh", "alongside-fresh"],
+)
+def test_restore_mode_places_the_restore_and_tells_the_trainer_to_wait(
+    mode: str, step: int | None, init: list[str], main: list[str], waits: bool
+) -> None:
+    pod = _pod(make_run("r1").with_checkpoint_fields(restoreMode=mode), step=step)
+
+    assert _init_names(pod) == init
+    assert [c["name"] for c in pod["spec"]["containers"]] == main
+    trainer_env = _env(_container(pod, TRAINER_CONTAINER))
+    assert (ENV_RESUME_WAIT in trainer_env) is waits
+    if step is not None and not waits:
+        assert ENV_RESUME_WAIT not in _env(_container(pod, RESTORE_CONTAINER))
+    if waits:
+        assert trainer_env[ENV_RESUME_WAIT]["value"] == "1"
+        restore = _container(pod, RESTORE_CONTAINER)
+        assert "restartPolicy" not in restore
+        assert _value(restore, "TRAININGRUN_RESTORE_STEP") == "120"
+        assert _value(restore, ENV_RESUME_WAIT) == "1"
+        assert {m["name"] for m in restore["volumeMounts"]} >= {CHECKPOINT_VOLUME}
 
 
 def test_agent_containers_use_the_agent_settings() -> None:

@@ -30,6 +30,7 @@ from typing import Any, NamedTuple, cast
 import pytest
 
 from tests.unit.fakes import FakeBucket
+from trainingrun import local
 from trainingrun.contract import (
     EXIT_CHECKPOINT_BAD,
     EXIT_ERROR,
@@ -76,14 +77,19 @@ def bucket() -> RangedBucket:
 
 
 def _restore(
-    store: RangedBucket, tmp_path: Path, size_limit: int | None = None
+    store: RangedBucket, tmp_path: Path, size_limit: int | None = None, tell_trainer: bool = False
 ) -> tuple[int, str, Path]:
     """(exit code, termination message, checkpoint folder) of the restore of STEP."""
     folder = tmp_path / "checkpoints"
     folder.mkdir(exist_ok=True)
     log = tmp_path / "termination-log"
     settings = RestoreSettings(
-        checkpoint_dir=folder, run=RUN, step=STEP, termination_log=log, size_limit=size_limit
+        checkpoint_dir=folder,
+        run=RUN,
+        step=STEP,
+        termination_log=log,
+        size_limit=size_limit,
+        tell_trainer=tell_trainer,
     )
     code = main(cast(Store, store), settings, Metrics())
     return code, log.read_text() if log.exists() else "", folder
@@ -285,3 +291,55 @@ def test_an_unexpected_error_exits_1_naming_its_type(
 
     assert code == EXIT_ERROR
     assert "RuntimeError" in message and "something nobody expected" in message
+
+
+# -- the outcome a trainer beside the restore waits for ---------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("free", "code", "says"),
+    [
+        pytest.param(NEEDED, EXIT_OK, f"checkpoint-{STEP} restored and verified", id="restored"),
+        pytest.param(NEEDED - 1, EXIT_INSUFFICIENT_DISK, "insufficient disk", id="no-room"),
+    ],
+)
+def test_the_outcome_is_written_last_for_a_trainer_that_waits(
+    bucket: RangedBucket,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    free: int,
+    code: int,
+    says: str,
+) -> None:
+    _free(monkeypatch, free)
+
+    got, message, folder = _restore(bucket, tmp_path, tell_trainer=True)
+
+    outcome = local.read_restored(folder)
+    assert got == code
+    assert outcome is not None and outcome.exit_code == code
+    assert says in outcome.message
+    if code == EXIT_OK:
+        assert (folder / f"checkpoint-{STEP}" / "model.safetensors").read_bytes() == WEIGHTS
+    else:
+        assert outcome.message == message
+
+
+def test_no_outcome_file_when_no_trainer_waits(bucket: RangedBucket, tmp_path: Path) -> None:
+    got, _, folder = _restore(bucket, tmp_path)
+
+    assert got == EXIT_OK
+    assert local.read_restored(folder) is None
+
+
+def test_an_outcome_that_cannot_be_written_fails_the_restore(
+    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(folder: Path, outcome: local.Restored) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(local, "write_restored", refused)
+
+    got, _, _ = _restore(bucket, tmp_path, tell_trainer=True)
+
+    assert got == EXIT_ERROR

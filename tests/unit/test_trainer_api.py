@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from trainingrun import local, trainer
-from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM
+from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_RESUME_WAIT
 
 
 @pytest.fixture
@@ -57,6 +57,57 @@ def test_resume_from_a_missing_path_names_the_volume_mount(
     monkeypatch.setenv(ENV_RESUME_FROM, str(tmp_path / "gone.pt"))
     with pytest.raises(FileNotFoundError, match=r"gone\.pt does not exist.*spec\.checkpoint"):
         trainer.resume_from()
+
+
+@pytest.mark.parametrize(
+    ("outcome", "returns"),
+    [
+        (local.Restored(0, "checkpoint-20 restored and verified"), True),
+        (local.Restored(3, "checkpoint bad: model.safetensors: checksum mismatch"), False),
+    ],
+    ids=["restored", "checkpoint-bad"],
+)
+def test_resume_from_waits_for_the_restore_beside_the_trainer(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, outcome: local.Restored, returns: bool
+) -> None:
+    path = folder / "checkpoint-20"
+    monkeypatch.setenv(ENV_RESUME_FROM, str(path))
+    monkeypatch.setenv(ENV_RESUME_WAIT, "1")
+    result: list[Path | BaseException | None] = []
+
+    def resume() -> None:
+        try:
+            result.append(trainer.resume_from(folder=True))
+        except BaseException as e:
+            result.append(e)
+
+    waiter = threading.Thread(target=resume)
+    waiter.start()
+    waiter.join(0.5)
+    assert waiter.is_alive() and result == [], "resume_from returned before the restore ended"
+    if returns:
+        path.mkdir()
+    local.write_restored(folder, outcome)
+    waiter.join(10)
+
+    assert not waiter.is_alive()
+    if returns:
+        assert result == [path]
+    else:
+        assert isinstance(result[0], trainer.RestoreFailed)
+        assert "exited 3" in str(result[0]) and "checksum mismatch" in str(result[0])
+
+
+def test_resume_from_does_not_wait_when_the_restore_ran_first(
+    folder: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = folder / "checkpoint-20"
+    path.mkdir()
+    monkeypatch.setenv(ENV_RESUME_FROM, str(path))
+    monkeypatch.delenv(ENV_RESUME_WAIT, raising=False)
+
+    assert trainer.resume_from(folder=True) == path
+    assert local.read_restored(folder) is None
 
 
 @pytest.mark.parametrize(

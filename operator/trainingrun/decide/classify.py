@@ -10,16 +10,17 @@
 | non-zero exit, OOMKilled                                     | Failed        |
 | the operator's restore exited with the checkpoint-bad code  | CheckpointBad |
 | the operator's restore exited with the insufficient-disk code | Permanent     |
+| the operator's restore beside the trainer exited non-zero     | Failed        |
 | image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
 
 The restore's exit codes (checkpoint-bad, insufficient-disk) count only from the restore the
-operator added: the init container ``RESTORE_CONTAINER`` of a pod that carries the operator's
-resume annotation. ``build_pod`` sets that annotation exactly when it adds its restore and
-drops every ``trainingrun.dev/*`` key of the template, so a template cannot fake it, and a user
-container of the same name cannot sit beside the operator's (the API server refuses two
-containers of one name). A user container of that
-name in a pod that resumes from nothing (a template made before names were reserved) exiting
+operator added: the container ``RESTORE_CONTAINER`` (init, or beside the trainer) of a pod that
+carries the operator's resume annotation. ``build_pod`` sets that annotation exactly when it
+adds its restore and drops every ``trainingrun.dev/*`` key of the template, so a template cannot
+fake it, and a user container of the same name cannot sit beside the operator's (the API server
+refuses two containers of one name). A user container of that name in a pod that resumes from
+nothing (a template made before names were reserved) exiting
 with that code is a plain failure. (The containers' spec cannot tell: the reconciler's pod cache
 keeps none of it.)
 
@@ -285,7 +286,7 @@ def _lost_or_failed(
         return Outcome(End.PREEMPTED, reason, _message(status, reason))
     if (pod.get("spec") or {}).get("nodeName") and node_not_ready(node):
         return Outcome(End.PREEMPTED, R.NODE_NOT_READY, "the pod's node is not ready")
-    if phase == "Failed" or trainer:
+    if phase == "Failed" or trainer or _restore_beside_failed(pod):
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         notice = annotations.get(ANNOTATION_NOTICE) or node_notice(node, notice_taints)
         if notice:
@@ -350,7 +351,23 @@ def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
     return None
 
 
+def _restore_beside_failed(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The operator's restore running beside the trainer (``restoreMode: AlongsideTrainer``)
+    ended non-zero: the attempt ends, as the trainer waits for a checkpoint that never comes."""
+    for s in _statuses(pod, "containerStatuses"):
+        if s.get("name") == RESTORE_CONTAINER and operators_restore(pod):
+            term = _terminated(s)
+            if term and term.get("exitCode") not in (0, None):
+                return term
+    return None
+
+
 def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outcome:
+    restore = _restore_beside_failed(pod)
+    if restore:
+        detail = _message(restore)
+        msg = f"the restore exited {restore.get('exitCode')}" + (f": {detail}" if detail else "")
+        return Outcome(End.FAILED, R.RESTORE_FAILED, msg)
     if trainer:
         code = trainer.get("exitCode")
         if trainer.get("reason") == R.OOM_KILLED:

@@ -2,8 +2,9 @@
 chosen checkpoint and the operator's agent settings.
 
 Shape: the user's template with its ``trainer`` container; a restore init container (only when
-resuming); the sync sidecar as a native sidecar (init container with ``restartPolicy: Always``);
-an ``emptyDir`` checkpoint volume at ``spec.checkpoint.localPath`` in all three (with
+resuming; a container beside the trainer with ``restoreMode: AlongsideTrainer``); the sync
+sidecar as a native sidecar (init container with ``restartPolicy: Always``); an ``emptyDir``
+checkpoint volume at ``spec.checkpoint.localPath`` in all three (with
 ``spec.checkpoint.sizeLimit`` when set); the ``TRAININGRUN_*`` environment; credentials by
 ``secretKeyRef`` only; ``restartPolicy: Never``. The two agents run hardened (``_agent``): no
 privilege escalation, no capabilities, a read-only root, the RuntimeDefault seccomp profile,
@@ -191,6 +192,8 @@ def trainer_env(
         _env(c.ENV_RESUME_STEP, str(resume.step) if resume else ""),
         _env(c.ENV_RESUME_URI, resume.uri if resume else ""),
     ]
+    if resume and alongside(run.spec):
+        env.append(_env(c.ENV_RESUME_WAIT, "1"))
     replicas = run.spec.replicas
     if replicas > 1:
         env += [
@@ -202,6 +205,11 @@ def trainer_env(
             _env(c.ENV_PET_MASTER_PORT, str(run.spec.gang.master_port)),
         ]
     return env
+
+
+def alongside(spec: TrainingRunSpec) -> bool:
+    """The restore runs beside the trainer, not before it (``restoreMode``)."""
+    return spec.checkpoint.restore_mode == "AlongsideTrainer"
 
 
 def layout_env(spec: TrainingRunSpec) -> list[dict[str, Any]]:
@@ -340,7 +348,7 @@ def build_pod(
     if spec.replicas > 1:
         sync_env += [_env(c.ENV_RANK, str(rank)), _env(c.ENV_RANKS, str(spec.replicas))]
     sync_env += layout_env(spec)
-    init = []
+    init: list[dict[str, Any]] = []
     if resume:
         restore_env = [
             *common,
@@ -349,10 +357,13 @@ def build_pod(
         ]
         if spec.checkpoint.size_limit:
             restore_env.append(_env(c.ENV_SIZE_LIMIT, spec.checkpoint.size_limit))
+        if alongside(spec):
+            restore_env.append(_env(c.ENV_RESUME_WAIT, "1"))
         restore = _agent(
             c.RESTORE_CONTAINER, settings.restore_command, restore_env, run, settings, user
         )
-        init.append(restore)
+        # Alongside: the trainer's resume_from() waits for it (ENV_RESUME_WAIT).
+        (containers if alongside(spec) else init).append(restore)
     sync = _agent(c.SYNC_CONTAINER, settings.sync_command, sync_env, run, settings, user)
     sync["restartPolicy"] = "Always"  # native sidecar: up before the trainer, down after it
     sync["volumeMounts"].append(

@@ -85,6 +85,7 @@ PREEMPTION_NOTICE = "PreemptionNotice"
 OOM_KILLED = "OOMKilled"
 TRAINER_ERROR = "Error"
 INIT_FAILED = "InitFailed"
+RESTORE_FAILED = "RestoreFailed"  # the restore beside the trainer (AlongsideTrainer) failed
 POD_FAILED = "PodFailed"
 TERMINATING = "Terminating"  # stopping after a disruption: saving first
 FINISHING = "Finishing"  # the trainer exited 0: the sidecar commits the last checkpoint
