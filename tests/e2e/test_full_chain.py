@@ -7,8 +7,10 @@ Covers:
   trainer process SIGKILLed) resumes each time from the bucket manifest, finishes, and its final
   weights are bitwise equal to an uninterrupted run's, with the same loss at every step trained
   after the last resume; steps lost per disruption are printed;
-- the newest committed checkpoint corrupted in the bucket before a resume: the restore refuses
-  it, the run falls back to the previous checkpoint and still ends with the same weights.
+- the newest committed checkpoint corrupted in the bucket before a resume, with the restore
+  beside the trainer (``restoreMode: AlongsideTrainer``): the restore refuses it while the
+  trainer waits, the run falls back to the previous checkpoint and still ends with the same
+  weights.
 """
 
 from __future__ import annotations
@@ -211,7 +213,12 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
     weights, _ = chain_reference
-    chain = Chain(runs, localenv, prefix, "corrupt", tmp_path, runner_nodes)
+
+    def alongside(body: dict[str, Any]) -> dict[str, Any]:
+        body["spec"]["checkpoint"]["restoreMode"] = "AlongsideTrainer"
+        return body
+
+    chain = Chain(runs, localenv, prefix, "corrupt", tmp_path, runner_nodes, alongside)
     ns = runs.namespace
     chain.wait_attempt(1)
     # Kill the trainer once checkpoint-20 is committed and before checkpoint-30 is saved.
@@ -230,9 +237,12 @@ def test_corrupt_newest_checkpoint_falls_back_and_still_matches(
     )
     assert status["phase"] == "Succeeded", status
     assert status["badCheckpoints"] == [20]
-    # Attempt 2 chose checkpoint-20 and its restore refused it, so its trainer never ran;
-    # attempt 3 resumed from checkpoint-10.
+    # Attempt 2 chose checkpoint-20 and its restore, beside the trainer, refused it: the trainer
+    # trained no step; attempt 3 resumed from checkpoint-10.
     assert not (tmp_path / "loss-2.jsonl").exists()
     assert chain.resume_step(3) == 10
     assert runs.wait_events("corrupt", "CheckpointBad")
+    # The trainer of attempt 3 took its checkpoint from the restore beside it.
+    log = "".join(h.log_of(ns, chain.pod(3), "trainer") for h in runner_nodes)
+    assert "the restore is done after" in log, log[-3000:]
     assert chain.weights(s3, MAX_STEPS) == weights
