@@ -1,9 +1,9 @@
 """The machine's loopback services, reachable from inside a pod's network namespace: the agents
 talk to SeaweedFS at ``http://127.0.0.1:<port>``, which inside the pod would be the pod's own
 loopback. For each such port the runner listens on the pod's 127.0.0.1 (and ::1) and relays every
-connection to the same port on the machine's loopback, streaming both ways in small chunks (a
-checkpoint upload of hundreds of MiB is never held whole) and passing each side's end of stream
-on as a half close.
+connection to the same port on the machine's loopback, streaming both ways through a pipe with
+``splice(2)`` (a checkpoint of gigabytes is never held whole, nor copied through Python) and
+passing each side's end of stream on as a half close.
 
 The listening sockets are made on a short-lived thread that first enters the pod's network
 namespace with ``setns(2)`` (per thread; Python 3.11 has no ``os.setns``); a socket stays in the
@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import fcntl
 import functools
 import logging
 import os
@@ -29,7 +30,7 @@ log = logging.getLogger("podrunner.forward")
 
 T = TypeVar("T")
 CLONE_NEWNET = 0x40000000
-CHUNK = 256 * 1024
+CHUNK = 1024 * 1024  # bytes per splice(2), and the relay pipe's size
 CONNECT_TIMEOUT_S = 5
 _LOOPBACK_URL = re.compile(r"\bhttps?://(?:127\.0\.0\.1|localhost|\[::1\]):(\d{1,5})\b")
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -190,14 +191,23 @@ class Forwarder:
 
 def _pump(src: socket.socket, dst: socket.socket) -> None:
     """Copies ``src`` to ``dst`` until ``src`` ends, then half-closes ``dst``; on an error both
-    sockets are shut, which ends the other direction too."""
+    sockets are shut, which ends the other direction too. The bytes go through a pipe with
+    ``splice(2)``, never through Python: a pod's restore reads gigabytes through here, and
+    copying them in Python cost as much CPU as the restore itself."""
+    pipe_out, pipe_in = os.pipe()
     try:
-        while data := src.recv(CHUNK):
-            dst.sendall(data)
+        with contextlib.suppress(OSError):  # a larger pipe: fewer calls per MiB
+            fcntl.fcntl(pipe_in, fcntl.F_SETPIPE_SZ, CHUNK)
+        while moved := os.splice(src.fileno(), pipe_in, CHUNK):
+            while moved:
+                moved -= os.splice(pipe_out, dst.fileno(), moved)
     except OSError:
         for s in (src, dst):
             with contextlib.suppress(OSError):
                 s.shutdown(socket.SHUT_RDWR)
         return
+    finally:
+        os.close(pipe_out)
+        os.close(pipe_in)
     with contextlib.suppress(OSError):
         dst.shutdown(socket.SHUT_WR)

@@ -4,10 +4,14 @@ forwarded, and the pod's own address in ``fieldRef status.podIP`` and in its sta
 
 from __future__ import annotations
 
+import os
+import socket
+import threading
 from typing import Any
 
 import pytest
 
+from tests.podrunner import forward
 from tests.podrunner.forward import loopback_ports
 from tests.podrunner.hosts import Peer, hosts_file, peer_of
 from tests.podrunner.spec import container_env, field_value
@@ -83,3 +87,45 @@ def test_status_reports_the_pod_address(ip: str) -> None:
     )
     status = pod_status([], progress, Transitions(), set())
     assert (status["podIP"], status["podIPs"], status["hostIP"]) == (ip, [{"ip": ip}], "127.0.0.1")
+
+
+# -- the relay's pump -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [0, 1, 3 * 1024 * 1024 + 17], ids=["empty", "one-byte", "3mib"])
+def test_the_pump_copies_every_byte_both_ways_and_passes_the_end_on(size: int) -> None:
+    """Two relayed directions at once, as a connection through a pod's relay: each side's
+    bytes arrive whole and in order, and each side's end of stream arrives as a half close."""
+    pod_side, relay_in = socket.socketpair()
+    relay_out, server_side = socket.socketpair()
+    up, down = os.urandom(size), os.urandom(size // 2 + 5)
+    back = threading.Thread(target=forward._pump, args=(relay_out, relay_in))
+    there = threading.Thread(target=forward._pump, args=(relay_in, relay_out))
+    back.start()
+    there.start()
+    got: dict[str, bytes] = {}
+
+    def read_all(name: str, s: socket.socket) -> None:
+        chunks = []
+        while chunk := s.recv(1 << 16):
+            chunks.append(chunk)
+        got[name] = b"".join(chunks)
+
+    readers = [
+        threading.Thread(target=read_all, args=("server", server_side)),
+        threading.Thread(target=read_all, args=("pod", pod_side)),
+    ]
+    for r in readers:
+        r.start()
+    pod_side.sendall(up)
+    pod_side.shutdown(socket.SHUT_WR)
+    server_side.sendall(down)
+    server_side.shutdown(socket.SHUT_WR)
+    for t in (*readers, back, there):
+        t.join(30)
+        assert not t.is_alive()
+    for s in (pod_side, relay_in, relay_out, server_side):
+        s.close()
+
+    assert got["server"] == up
+    assert got["pod"] == down
