@@ -29,17 +29,20 @@ Exit codes (documented in docs/, read by the operator):
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
 import os
 import re
 import shutil
+import signal
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from decimal import Decimal
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -51,6 +54,7 @@ from trainingrun.contract import (
     EXIT_ERROR,
     EXIT_INSUFFICIENT_DISK,
     EXIT_OK,
+    EXIT_STOPPED,
     format_bytes,
 )
 from trainingrun.download import Download
@@ -342,15 +346,33 @@ def move_into(staging: Path, final: Path) -> None:
 def main(store: Store, s: RestoreSettings, metrics: Metrics) -> int:
     """Restores, then writes the outcome a trainer started beside the restore waits for
     (``local.RESTORED``), when one does."""
-    code, message = _restore(store, s, metrics)
     if not s.tell_trainer:
-        return code
+        return _restore(store, s, metrics)[0]
+    before = signal.signal(signal.SIGTERM, stop_on_sigterm(s.checkpoint_dir))
+    try:
+        code, message = _restore(store, s, metrics)
+    finally:
+        signal.signal(signal.SIGTERM, before)
     try:
         local.write_restored(s.checkpoint_dir, local.Restored(code, message))
     except OSError as e:
         log.error("could not write the restore's outcome for the trainer: %s", e)
         return code or EXIT_ERROR
     return code
+
+
+def stop_on_sigterm(checkpoint_dir: Path) -> Callable[[int, FrameType | None], None]:
+    """The restore's SIGTERM handler beside the trainer: the pod is being deleted, so the
+    outcome says so at once and the process ends; the trainer, waiting for the outcome, ends
+    too, instead of waiting out the pod's grace period."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        stopped = local.Restored(EXIT_STOPPED, "the restore was stopped: the pod is being deleted")
+        with contextlib.suppress(OSError):
+            local.write_restored(checkpoint_dir, stopped)
+        os._exit(EXIT_STOPPED)
+
+    return stop
 
 
 def _restore(store: Store, s: RestoreSettings, metrics: Metrics) -> tuple[int, str]:

@@ -23,6 +23,7 @@ import errno
 import json
 import os
 import shutil
+import signal
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, cast
@@ -36,9 +37,10 @@ from trainingrun.contract import (
     EXIT_ERROR,
     EXIT_INSUFFICIENT_DISK,
     EXIT_OK,
+    EXIT_STOPPED,
 )
 from trainingrun.manifest import CHECKPOINT_MANIFEST, Layout, checkpoint_prefix
-from trainingrun.restore import Metrics, RestoreSettings, main, parse_size
+from trainingrun.restore import Metrics, RestoreSettings, main, parse_size, stop_on_sigterm
 from trainingrun.storage import Location, NotFound, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
@@ -343,3 +345,19 @@ def test_an_outcome_that_cannot_be_written_fails_the_restore(
     got, _, _ = _restore(bucket, tmp_path, tell_trainer=True)
 
     assert got == EXIT_ERROR
+
+
+def test_sigterm_beside_the_trainer_says_stopped_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pod is being deleted while the trainer waits for the restore: the outcome says so
+    before the process ends, so the trainer stops waiting (not at the end of the grace)."""
+    exits: list[int] = []
+    monkeypatch.setattr(os, "_exit", exits.append)
+
+    stop_on_sigterm(tmp_path)(signal.SIGTERM, None)
+
+    outcome = local.read_restored(tmp_path)
+    assert exits == [EXIT_STOPPED]
+    assert outcome is not None and outcome.exit_code == EXIT_STOPPED
+    assert "stopped" in outcome.message

@@ -20,9 +20,8 @@ carries the operator's resume annotation. ``build_pod`` sets that annotation exa
 adds its restore and drops every ``trainingrun.dev/*`` key of the template, so a template cannot
 fake it, and a user container of the same name cannot sit beside the operator's (the API server
 refuses two containers of one name). A user container of that name in a pod that resumes from
-nothing (a template made before names were reserved) exiting
-with that code is a plain failure. (The containers' spec cannot tell: the reconciler's pod cache
-keeps none of it.)
+nothing (a template made before names were reserved) exiting with that code is a plain failure.
+(The containers' spec cannot tell: the reconciler's pod cache keeps none of it.)
 
 Every message taken from a container or pod status (a termination message, a condition's or
 the pod's message) is ``bounded``: it goes into ``status.message`` and Events, and the
