@@ -5,6 +5,8 @@ Tests under tests/integration/ and tests/e2e/ are marked automatically and use t
 environment: one that is already up (``make cluster``) is reused and left running; one the session
 starts itself is stopped at the end. The CRD and the operator are session fixtures here, so both
 tiers share one operator process: two operators on one cluster would both act on every run.
+The modules ``BESIDE_THE_CLUSTER`` need no cluster: they use a SeaweedFS of the session's own
+(``seaweedfs``), and ``make test`` runs them in its second worker, beside the cluster tests.
 """
 
 from __future__ import annotations
