@@ -364,13 +364,7 @@ class PodBuilder:
     def init_exited(self, name: str, exit_code: int, *, message: str | None = None) -> Self:
         """An init container terminated; a non-zero exit fails the pod."""
         self._pod["spec"].setdefault("nodeName", "n1")
-        terminated: dict[str, Any] = {
-            "exitCode": exit_code,
-            "reason": "Completed" if exit_code == 0 else "Error",
-        }
-        if message is not None:
-            terminated["message"] = message
-        state = {"terminated": terminated}
+        state = _terminated(exit_code, message)
         self._set_container("initContainerStatuses", name, state, ready=False)
         if exit_code != 0:
             self.phase("Failed")
@@ -382,13 +376,7 @@ class PodBuilder:
     def restore_beside_exited(self, exit_code: int, *, message: str | None = None) -> Self:
         """The restore beside the trainer (``restoreMode: AlongsideTrainer``) terminated; the
         pod's phase is left as it is (the trainer may still run)."""
-        terminated: dict[str, Any] = {
-            "exitCode": exit_code,
-            "reason": "Completed" if exit_code == 0 else "Error",
-        }
-        if message is not None:
-            terminated["message"] = message
-        state = {"terminated": terminated}
+        state = _terminated(exit_code, message)
         self._set_container("containerStatuses", RESTORE_CONTAINER, state, ready=False)
         return self
 
@@ -506,6 +494,17 @@ class NodeBuilder:
         if self._taints:
             node["spec"]["taints"] = copy.deepcopy(self._taints)
         return node
+
+
+def _terminated(exit_code: int, message: str | None) -> dict[str, Any]:
+    """A container state: terminated with ``exit_code`` (Completed or Error) and ``message``."""
+    terminated: dict[str, Any] = {
+        "exitCode": exit_code,
+        "reason": "Completed" if exit_code == 0 else "Error",
+    }
+    if message is not None:
+        terminated["message"] = message
+    return {"terminated": terminated}
 
 
 def make_node(name: str = "n1") -> NodeBuilder:
