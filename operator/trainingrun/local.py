@@ -112,10 +112,21 @@ class Progress:
 
 def write_progress(checkpoint_dir: Path, progress: Progress) -> None:
     """Atomically replaces the progress file (a reader never sees half of it)."""
-    path = control_path(checkpoint_dir, PROGRESS)
+    text = json.dumps({"step": progress.step, "max_steps": progress.max_steps})
+    _replace_control_file(checkpoint_dir, PROGRESS, text)
+
+
+def _replace_control_file(
+    checkpoint_dir: Path, name: str, text: str, mode: int | None = None
+) -> None:
+    """Writes control file ``name`` beside it (with ``mode`` when given) and renames it into
+    place: a reader sees the old file or the new one, never half of one."""
+    path = control_path(checkpoint_dir, name)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"step": progress.step, "max_steps": progress.max_steps}))
+    tmp.write_text(text)
+    if mode is not None:
+        tmp.chmod(mode)
     os.replace(tmp, path)
 
 
@@ -140,12 +151,8 @@ class Restored:
 
 def write_restored(checkpoint_dir: Path, outcome: Restored) -> None:
     """Atomically writes the restore's outcome, readable and replaceable by every container."""
-    path = control_path(checkpoint_dir, RESTORED)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"exit_code": outcome.exit_code, "message": outcome.message}))
-    tmp.chmod(SHARED_FILE_MODE)
-    os.replace(tmp, path)
+    text = json.dumps({"exit_code": outcome.exit_code, "message": outcome.message})
+    _replace_control_file(checkpoint_dir, RESTORED, text, SHARED_FILE_MODE)
 
 
 def read_restored(checkpoint_dir: Path) -> Restored | None:

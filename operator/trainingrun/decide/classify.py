@@ -285,14 +285,15 @@ def _lost_or_failed(
         return Outcome(End.PREEMPTED, reason, _message(status, reason))
     if (pod.get("spec") or {}).get("nodeName") and node_not_ready(node):
         return Outcome(End.PREEMPTED, R.NODE_NOT_READY, "the pod's node is not ready")
-    if phase == "Failed" or trainer or _restore_beside_failed(pod):
+    restore = _restore_beside_failed(pod)
+    if phase == "Failed" or trainer or restore:
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
         notice = annotations.get(ANNOTATION_NOTICE) or node_notice(node, notice_taints)
         if notice:
             return Outcome(
                 End.PREEMPTED, R.PREEMPTION_NOTICE, f"ended after preemption notice ({notice})"
             )
-        return _failure(pod, trainer)
+        return _failure(pod, trainer, restore)
     return Outcome(End.NOT_ENDED, str(phase or "Pending"), "")
 
 
@@ -361,8 +362,12 @@ def _restore_beside_failed(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return None
 
 
-def _failure(pod: Mapping[str, Any], trainer: Mapping[str, Any] | None) -> Outcome:
-    restore = _restore_beside_failed(pod)
+def _failure(
+    pod: Mapping[str, Any],
+    trainer: Mapping[str, Any] | None,
+    restore: Mapping[str, Any] | None,
+) -> Outcome:
+    """``restore``: the restore beside the trainer, when it ended non-zero."""
     if restore:
         detail = _message(restore)
         msg = f"the restore exited {restore.get('exitCode')}" + (f": {detail}" if detail else "")
