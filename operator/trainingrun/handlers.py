@@ -17,10 +17,10 @@ from typing import Any
 import kopf
 from prometheus_client import REGISTRY
 
-from trainingrun import api
+from trainingrun import api, kubeconn
 from trainingrun.contract import LABEL_RUN
 from trainingrun.events import EventPoster
-from trainingrun.kube import CountingApiClient, Kube, load_config
+from trainingrun.kube import Kube, load_config
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.reconciler import Reconciler
 from trainingrun.scheduler import Scheduler
@@ -36,8 +36,7 @@ class Operator:
 
     def __init__(self, kube: Kube, settings: OperatorSettings) -> None:
         self.metrics = OperatorMetrics(REGISTRY)
-        if isinstance(kube.api_client, CountingApiClient):
-            kube.api_client.on_call = self.metrics.count_api_call
+        kube.rest.on_call = self.metrics.count_api_call
         self.events = EventPoster(kube, self.metrics)
         stores = RunStores(
             kube, settings.secret_ttl_seconds, on_call=self.metrics.count_bucket_call
@@ -94,6 +93,24 @@ class _NoDiffBase(kopf.DiffBaseStorage):
 
     def store(self, *, body: kopf.Body, patch: kopf.Patch, essence: kopf.BodyEssence) -> None:
         return None
+
+
+@kopf.on.login()
+def _login(**_: Any) -> kopf.ConnectionInfo:
+    """kopf's watches sign in as the operator's own calls do (``trainingrun.kubeconn``); kopf
+    asks again when the API server refuses a token that has expired."""
+    conn = kubeconn.load()
+    return kopf.ConnectionInfo(
+        server=conn.server,
+        ca_data=conn.ca_pem,
+        insecure=conn.insecure,
+        certificate_path=conn.cert_file,
+        private_key_path=conn.key_file,
+        certificate_data=conn.cert_pem,
+        private_key_data=conn.key_pem,
+        token=conn.bearer.current() if conn.bearer else None,
+        default_namespace=conn.namespace,
+    )
 
 
 @kopf.on.startup()

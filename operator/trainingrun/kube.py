@@ -14,17 +14,15 @@ and this module alone decides what 404, 409 and 422 mean.
 from __future__ import annotations
 
 import base64
-import json
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
-from kubernetes import client, config
-from kubernetes.client.rest import ApiException
 
 from trainingrun import api
 from trainingrun.contract import LABEL_ATTEMPT, LABEL_RANK, LABEL_RUN, rfc3339
+from trainingrun.kubeconn import MERGE_PATCH, HttpError, RestClient, load
 
 
 class Invalid(Exception):
@@ -44,146 +42,98 @@ class ApiError(Exception):
     (a timeout, a lost connection); a later pass tries again."""
 
 
-class CountingApiClient(client.ApiClient):  # type: ignore[misc]  # untyped base
-    """An ApiClient that tells ``on_call(verb, resource)`` of every request it sends, the
-    resource being the API path's template with the custom resource's plural filled in
-    (``/apis/{group}/{version}/namespaces/{namespace}/trainingruns/{name}/status``): a bounded
-    set of labels for the operator's API calls metric."""
-
-    on_call: Callable[[str, str], None] | None = None
-
-    def call_api(self, resource_path: str, method: str, *args: Any, **kwargs: Any) -> Any:
-        if self.on_call is not None:
-            params = kwargs.get("path_params") or (args[0] if args else None) or {}
-            plural = params.get("plural")
-            path = resource_path.replace("{plural}", plural) if plural else resource_path
-            self.on_call(method, path)
-        return super().call_api(resource_path, method, *args, **kwargs)
+def load_config(kubeconfig: str | None = None, pool_size: int = 32) -> RestClient:
+    """A client of the API server this process signs in to (``trainingrun.kubeconn.load``)."""
+    return RestClient(load(kubeconfig), pool_size=pool_size)
 
 
-def load_config(kubeconfig: str | None = None, pool_size: int = 32) -> CountingApiClient:
-    """In-cluster config when running in a pod, else the kubeconfig (KUBECONFIG or given).
-    The connection pool is as large as the worker pool: urllib3's default of 4 makes every
-    extra worker open (and TLS-handshake) a new connection per call."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)
-    except config.ConfigException:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    configuration.connection_pool_maxsize = pool_size
-    return CountingApiClient(configuration)
-
-
-def _json(response: Any) -> dict[str, Any]:
-    """Decodes a raw response: the generated model classes are slow and large for what the
-    operator needs, which is the API JSON itself."""
-    try:
-        data: dict[str, Any] = json.loads(response.data)
-    finally:
-        # Without preloading, urllib3 keeps the connection until told: give it back to the
-        # pool, or the next call opens (and TLS-handshakes) a new one.
-        response.release_conn()
-    return data
+CUSTOM = "/apis/{group}/{version}/namespaces/{namespace}/{plural}"
+CUSTOM_ONE = CUSTOM + "/{name}"
+CLUSTER_CUSTOM_ONE = "/apis/{group}/{version}/{plural}/{name}"
+PODS = "/api/v1/namespaces/{namespace}/pods"
+POD = PODS + "/{name}"
+SERVICES = "/api/v1/namespaces/{namespace}/services"
+SECRET_PATH = "/api/v1/namespaces/{namespace}/secrets/{name}"  # noqa: S105  # a path, no secret
+EVENTS = "/api/v1/namespaces/{namespace}/events"
+NODE = "/api/v1/nodes/{name}"
 
 
 def _create(
-    create: Callable[[], Any], existing: Callable[[], dict[str, Any] | None]
+    create: Callable[[], dict[str, Any]], existing: Callable[[], dict[str, Any] | None]
 ) -> tuple[dict[str, Any], bool]:
     """(the object created, True), or (the one that holds its name, False) on 409; Invalid on
     400 and 422, Forbidden on 403."""
     try:
-        return _json(create()), True
-    except ApiException as e:
+        return create(), True
+    except HttpError as e:
         if e.status == 409:
             found = existing()
             if found is not None:
                 return found, False
         if e.status in (400, 422):
-            raise Invalid(_message(e)) from e
+            raise Invalid(e.message) from e
         if e.status == 403:
-            raise Forbidden(_message(e)) from e
+            raise Forbidden(e.message) from e
         raise
 
 
-def _message(err: ApiException) -> str:
+def _or_none(read: Callable[[], dict[str, Any]]) -> dict[str, Any] | None:
+    """The object read, or None when there is none (404)."""
     try:
-        return str(json.loads(err.body).get("message", err.reason))
-    except (TypeError, ValueError):
-        return str(err.reason)
+        return read()
+    except HttpError as e:
+        if e.status == 404:
+            return None
+        raise
 
 
 class Kube:
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self.api_client = api_client
-        self.core = client.CoreV1Api(api_client)
-        self.custom = client.CustomObjectsApi(api_client)
+    def __init__(self, rest: RestClient) -> None:
+        self.rest = rest
 
     # -- TrainingRuns ----------------------------------------------------------------------
 
+    def _run_path(self, namespace: str, name: str) -> dict[str, str]:
+        where = {"group": api.GROUP, "version": api.VERSION, "plural": api.PLURAL}
+        return {**where, "namespace": namespace, "name": name}
+
     def get_run(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return _json(
-                self.custom.get_namespaced_custom_object(
-                    api.GROUP, api.VERSION, namespace, api.PLURAL, name, _preload_content=False
-                )
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return _or_none(
+            lambda: self.rest.call("GET", CUSTOM_ONE, **self._run_path(namespace, name))
+        )
 
     def patch_run_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None:
         """JSON merge patch of the status subresource (None values remove fields); returns the
-        updated run, or None when the run is gone."""
-        try:
-            return _json(
-                self.custom.patch_namespaced_custom_object_status(
-                    api.GROUP,
-                    api.VERSION,
-                    namespace,
-                    api.PLURAL,
-                    name,
-                    {"status": status},
-                    _preload_content=False,
-                )
+        updated run, or None when the run is gone (deleted meanwhile: nothing to record)."""
+        return _or_none(
+            lambda: self.rest.call(
+                "PATCH",
+                CUSTOM_ONE + "/status",
+                {"status": status},
+                content_type=MERGE_PATCH,
+                **self._run_path(namespace, name),
             )
-        except ApiException as e:
-            if e.status == 404:  # the run was deleted meanwhile: nothing to record
-                return None
-            raise
+        )
 
     # -- Kueue Workloads (trainingrun.queues) ------------------------------------------------
 
     def has_api(self, group: str, version: str, plural: str) -> bool:
         """Whether the API server serves ``plural`` in ``group/version`` (Kueue installed)."""
-        try:
-            found = _json(self.custom.get_api_resources(group, version, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return False
-            raise
-        return any(r.get("name") == plural for r in found.get("resources") or [])
+        found = _or_none(
+            lambda: self.rest.call("GET", "/apis/{group}/{version}", group=group, version=version)
+        )
+        return any(r.get("name") == plural for r in (found or {}).get("resources") or [])
 
     def get_object(
         self, group: str, version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None:
         """A custom object (namespaced, or cluster-scoped without ``namespace``), or None."""
-        try:
-            if namespace is None:
-                response = self.custom.get_cluster_custom_object(
-                    group, version, plural, name, _preload_content=False
-                )
-            else:
-                response = self.custom.get_namespaced_custom_object(
-                    group, version, namespace, plural, name, _preload_content=False
-                )
-            return _json(response)
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        where = {"group": group, "version": version, "plural": plural, "name": name}
+        if namespace is None:
+            return _or_none(lambda: self.rest.call("GET", CLUSTER_CUSTOM_ONE, **where))
+        return _or_none(lambda: self.rest.call("GET", CUSTOM_ONE, namespace=namespace, **where))
 
     def create_object(
         self, group: str, version: str, plural: str, body: dict[str, Any]
@@ -191,15 +141,15 @@ class Kube:
         """Creates a namespaced custom object and returns it; None when one holds its name
         already (409), which is left as it is. NotServed when the API server does not serve
         the type (404)."""
-        meta = body["metadata"]
+        where = {"group": group, "version": version, "plural": plural}
         try:
             created, fresh = _create(
-                lambda: self.custom.create_namespaced_custom_object(
-                    group, version, meta["namespace"], plural, body, _preload_content=False
+                lambda: self.rest.call(
+                    "POST", CUSTOM, body, namespace=body["metadata"]["namespace"], **where
                 ),
                 lambda: {},
             )
-        except ApiException as e:
+        except HttpError as e:
             if e.status == 404:
                 raise NotServed(f"{plural}.{group}/{version} is not served") from e
             raise
@@ -211,27 +161,28 @@ class Kube:
         """PUT of the status subresource, guarded by the body's resourceVersion (409 when the
         object changed since it was read: a later pass reads it again)."""
         meta = body["metadata"]
-        self.custom.replace_namespaced_custom_object_status(
-            group, version, meta["namespace"], plural, meta["name"], body, _preload_content=False
-        ).release_conn()
+        self.rest.call(
+            "PUT",
+            CUSTOM_ONE + "/status",
+            body,
+            group=group,
+            version=version,
+            namespace=meta["namespace"],
+            plural=plural,
+            name=meta["name"],
+        )
 
     # -- Pods -------------------------------------------------------------------------------
 
     def get_pod(self, namespace: str, name: str) -> dict[str, Any] | None:
-        try:
-            return _json(self.core.read_namespaced_pod(name, namespace, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return _or_none(lambda: self.rest.call("GET", POD, namespace=namespace, name=name))
 
     def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]:
         """Creates the pod, or returns the one that exists under its name. (pod, created)."""
+        meta = pod["metadata"]
         return _create(
-            lambda: self.core.create_namespaced_pod(
-                pod["metadata"]["namespace"], pod, _preload_content=False
-            ),
-            lambda: self.get_pod(pod["metadata"]["namespace"], pod["metadata"]["name"]),
+            lambda: self.rest.call("POST", PODS, pod, namespace=meta["namespace"]),
+            lambda: self.get_pod(meta["namespace"], meta["name"]),
         )
 
     def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]:
@@ -239,13 +190,9 @@ class Kube:
         created)."""
         meta = service["metadata"]
         return _create(
-            lambda: self.core.create_namespaced_service(
-                meta["namespace"], service, _preload_content=False
-            ),
-            lambda: _json(
-                self.core.read_namespaced_service(
-                    meta["name"], meta["namespace"], _preload_content=False
-                )
+            lambda: self.rest.call("POST", SERVICES, service, namespace=meta["namespace"]),
+            lambda: self.rest.call(
+                "GET", SERVICES + "/{name}", namespace=meta["namespace"], name=meta["name"]
             ),
         )
 
@@ -256,34 +203,32 @@ class Kube:
         the name since is never deleted). True when the API server accepted the DELETE (the pod
         may take its grace period to go); False when it is gone (404) or the name is another
         pod's (409); ``ApiError`` for any other answer, or none."""
-        options = client.V1DeleteOptions(
-            grace_period_seconds=grace_seconds,
-            propagation_policy="Background",
-            preconditions=client.V1Preconditions(uid=uid) if uid else None,
-        )
+        options: dict[str, Any] = {"propagationPolicy": "Background"}
+        if grace_seconds is not None:
+            options["gracePeriodSeconds"] = grace_seconds
+        if uid:
+            options["preconditions"] = {"uid": uid}
         try:
-            response = self.core.delete_namespaced_pod(
-                name, namespace, body=options, _preload_content=False
-            )
-        except ApiException as e:
+            self.rest.call("DELETE", POD, options, namespace=namespace, name=name)
+        except HttpError as e:
             if e.status in (404, 409):
                 return False
-            raise ApiError(f"{e.status} {_message(e)}") from e
+            raise ApiError(f"{e.status} {e.message}") from e
         except urllib3.exceptions.HTTPError as e:
             raise ApiError(f"no answer: {e}") from e
-        _json(response)  # read to the end: a connection given back unread garbles the next call
         return True
 
     def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None:
         """Adds annotations (trainingrun.dev/ keys: the chart's admission policy refuses any
         other change of a pod by the operator); a pod gone is nothing to do."""
+        patch = {"metadata": {"annotations": annotations}}
         try:
-            self.core.patch_namespaced_pod(
-                name, namespace, {"metadata": {"annotations": annotations}}
+            self.rest.call(
+                "PATCH", POD, patch, content_type=MERGE_PATCH, namespace=namespace, name=name
             )
-        except ApiException as e:
+        except HttpError as e:
             if e.status == 403:
-                raise Forbidden(_message(e)) from e
+                raise Forbidden(e.message) from e
             if e.status != 404:
                 raise
 
@@ -292,33 +237,23 @@ class Kube:
     def attempt_pods(self, namespace: str, run: str, attempt: int) -> list[dict[str, Any]]:
         """The pods of one attempt of a run, by their labels (the user CLI's status)."""
         selector = f"{LABEL_RUN}={run},{LABEL_ATTEMPT}={attempt}"
-        pods = _json(
-            self.core.list_namespaced_pod(
-                namespace, label_selector=selector, _preload_content=False
-            )
+        pods = self.rest.call(
+            "GET", PODS + "?labelSelector={selector}", namespace=namespace, selector=selector
         )
         items = list(pods.get("items") or [])
         return sorted(items, key=lambda pod: int(pod["metadata"]["labels"].get(LABEL_RANK, 0)))
 
     def get_node(self, name: str) -> dict[str, Any] | None:
-        try:
-            return _json(self.core.read_node(name, _preload_content=False))
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        return _or_none(lambda: self.rest.call("GET", NODE, name=name))
 
     def get_secret_data(self, namespace: str, name: str) -> dict[str, str] | None:
-        """The Secret's data, base64-decoded; None when it does not exist. Never logged: read
-        raw, as a preloaded response is logged whole by the client at DEBUG."""
-        try:
-            secret = _json(
-                self.core.read_namespaced_secret(name, namespace, _preload_content=False)
-            )
-        except ApiException as e:
-            if e.status == 404:
-                return None
-            raise
+        """The Secret's data, base64-decoded; None when it does not exist. Never logged (the
+        client logs no bodies)."""
+        secret = _or_none(
+            lambda: self.rest.call("GET", SECRET_PATH, namespace=namespace, name=name)
+        )
+        if secret is None:
+            return None
         data = secret.get("data") or {}
         return {k: base64.b64decode(v).decode() for k, v in data.items()}
 
@@ -347,9 +282,7 @@ class Kube:
             "reportingInstance": "trainingrun-operator",
         }
         try:
-            _json(
-                self.core.create_namespaced_event(meta["namespace"], body, _preload_content=False)
-            )
-        except ApiException as e:
+            self.rest.call("POST", EVENTS, body, namespace=meta["namespace"])
+        except HttpError as e:
             if e.status not in (403, 404):  # Events are best effort
                 raise

@@ -1,39 +1,42 @@
 """Leader election on a ``coordination.k8s.io`` Lease: two or more operator replicas, one acting.
 
-The election is the kubernetes client's ``leaderelection`` (a candidate takes the lock when its
-holder has not renewed it for ``lease_duration``; the holder renews every ``retry_period``);
-this module gives it a lock on a Lease, where the client ships only a ConfigMap lock. Every write
-is a replace with the resourceVersion read, so two candidates never both win one round.
+The election is client-go's: a candidate takes the Lease when its record (holder, renew time)
+has not changed for ``lease_duration`` by the candidate's own clock, so no two clocks are
+compared; the holder renews every ``retry_period``. Every write is guarded by the API server (a
+create by the name, a replace by the resourceVersion read), so two candidates never both win one
+round.
 
 A replica runs the operator only once it holds the Lease; until then it waits (its liveness
-endpoint answers meanwhile). A leader that cannot renew for ``renew_deadline`` exits at once
-(the kubelet restarts it as a candidate). Because ``renew_deadline`` plus one ``retry_period``
-is shorter than ``lease_duration``, it has stopped before any other replica can take the Lease:
-never do two replicas act at once, as long as their clocks run at the same rate.
+endpoint answers meanwhile). A leader that cannot renew for ``renew_deadline``, or finds another
+holder in the Lease, exits at once (the kubelet restarts it as a candidate). Each call gives up
+after ``retry_period``; because ``renew_deadline`` plus one ``retry_period`` is shorter than
+``lease_duration``, the leader has stopped before any other replica can take the Lease: never do
+two replicas act at once, as long as their clocks run at the same rate.
 """
 
 from __future__ import annotations
 
 import http.server
-import json
 import logging
 import os
 import threading
+import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-from kubernetes.leaderelection import electionconfig, leaderelection
-from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
+import urllib3
+
+from trainingrun.kubeconn import Connection, HttpError, RestClient
 
 log = logging.getLogger("trainingrun.leader")
 
 EXIT_LOST_LEADERSHIP = 75  # EX_TEMPFAIL: restarted by the kubelet as a candidate
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases"
+LEASE = LEASES + "/{name}"
 
 
 @dataclass(frozen=True)
@@ -53,79 +56,117 @@ class Timing:
             )
 
 
-class _Failed:
-    """What the election reads from a failed get: a JSON body with the HTTP code."""
-
-    def __init__(self, code: int, reason: str) -> None:
-        self.body = json.dumps({"code": code})
-        self.reason = reason
+def micro_time(at: datetime) -> str:
+    """A Lease's MicroTime."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class LeaseLock:
-    """The election's lock (``get``, ``create``, ``update``) on one Lease."""
+    """The three calls on one Lease: read, create, and replace of the Lease as last read."""
+
+    def __init__(self, rest: RestClient, name: str, namespace: str, identity: str) -> None:
+        self.rest, self.name, self.namespace, self.identity = rest, name, namespace, identity
+
+    def read(self) -> dict[str, Any] | None:
+        """The Lease, or None when there is none; raises when the API server does not answer."""
+        try:
+            return self.rest.call("GET", LEASE, namespace=self.namespace, name=self.name)
+        except HttpError as e:
+            if e.status == 404:
+                return None
+            raise
+
+    def create(self, duration: int) -> bool:
+        """False when another candidate created it first (409) or the call failed."""
+        now = micro_time(datetime.now(UTC))
+        body = {
+            "apiVersion": "coordination.k8s.io/v1",
+            "kind": "Lease",
+            "metadata": {"name": self.name, "namespace": self.namespace},
+            "spec": {
+                "holderIdentity": self.identity,
+                "leaseDurationSeconds": duration,
+                "acquireTime": now,
+                "renewTime": now,
+                "leaseTransitions": 0,
+            },
+        }
+        return self._write("POST", LEASES, body)
+
+    def hold(self, lease: dict[str, Any], duration: int) -> bool:
+        """Renews the Lease as read, or takes it from its holder (a transition); False when it
+        changed since the read (409) or the call failed."""
+        spec = dict(lease.get("spec") or {})
+        now = micro_time(datetime.now(UTC))
+        taken = spec.get("holderIdentity") != self.identity
+        spec.update(holderIdentity=self.identity, leaseDurationSeconds=duration, renewTime=now)
+        if taken or not spec.get("acquireTime"):
+            spec["acquireTime"] = now
+            spec["leaseTransitions"] = int(spec.get("leaseTransitions") or 0) + int(taken)
+        return self._write("PUT", LEASE, {**lease, "spec": spec}, name=self.name)
+
+    def _write(self, method: str, path: str, body: dict[str, Any], **where: str) -> bool:
+        try:
+            self.rest.call(method, path, body, namespace=self.namespace, **where)
+        except (HttpError, urllib3.exceptions.HTTPError) as e:
+            log.debug("lease %s/%s not written: %s", self.namespace, self.name, e)
+            return False
+        return True
+
+
+class Election:
+    """One candidate's view of the Lease, and its rounds."""
 
     def __init__(
-        self, api: client.CoordinationV1Api, name: str, namespace: str, identity: str
+        self,
+        lock: LeaseLock,
+        timing: Timing,
+        monotonic: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
-        self.api, self.name, self.namespace, self.identity = api, name, namespace, identity
-        self._lease: Any = None  # the Lease as last read: its resourceVersion guards the update
+        self.lock, self.timing, self.monotonic, self.sleep = lock, timing, monotonic, sleep
+        self._seen: tuple[Any, Any] | None = None  # the record (holder, renew time) last read
+        self._seen_at = 0.0  # when it last changed, by this candidate's clock
+        self.other_holder = False  # the last round found the Lease held by someone else
 
-    def get(self, name: str, namespace: str) -> tuple[bool, Any]:
+    def round(self) -> bool:
+        """One try to take or renew the Lease: whether this candidate holds it now."""
+        self.other_holder = False
         try:
-            self._lease = self.api.read_namespaced_lease(name, namespace)
-        except ApiException as e:
-            return False, _Failed(int(e.status or 0), str(e.reason))
-        except Exception as e:  # the API server unreachable: not an error of the election's
-            return False, _Failed(0, type(e).__name__)
-        spec = self._lease.spec
-        if spec is None or not spec.holder_identity:
-            return True, None
-        return True, LeaderElectionRecord(
-            spec.holder_identity,
-            str(spec.lease_duration_seconds),
-            str(spec.acquire_time),
-            str(spec.renew_time),
-        )
-
-    def create(self, name: str, namespace: str, election_record: Any) -> bool:
-        now = datetime.now(UTC)
-        lease = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            spec=client.V1LeaseSpec(
-                holder_identity=election_record.holder_identity,
-                lease_duration_seconds=int(election_record.lease_duration),
-                acquire_time=now,
-                renew_time=now,
-                lease_transitions=0,
-            ),
-        )
-        try:
-            self.api.create_namespaced_lease(namespace, lease)
-        except Exception as e:  # 409: another candidate created it first
-            log.debug("lease %s/%s not created: %s", namespace, name, e)
+            lease = self.lock.read()
+        except (HttpError, urllib3.exceptions.HTTPError) as e:
+            log.debug("lease %s/%s not read: %s", self.lock.namespace, self.lock.name, e)
             return False
-        return True
-
-    def update(self, name: str, namespace: str, updated_record: Any) -> bool:
-        lease = self._lease
+        duration = self.timing.lease_duration
         if lease is None:
-            return False
-        spec = lease.spec or client.V1LeaseSpec()
-        now = datetime.now(UTC)
-        taken = spec.holder_identity != updated_record.holder_identity
-        spec.holder_identity = updated_record.holder_identity
-        spec.lease_duration_seconds = int(updated_record.lease_duration)
-        spec.renew_time = now
-        if taken or spec.acquire_time is None:
-            spec.acquire_time = now
-            spec.lease_transitions = (spec.lease_transitions or 0) + (1 if taken else 0)
-        lease.spec = spec
-        try:
-            self._lease = self.api.replace_namespaced_lease(name, namespace, lease)
-        except Exception as e:  # 409: someone else wrote it since our read
-            log.debug("lease %s/%s not updated: %s", namespace, name, e)
-            return False
-        return True
+            return self.lock.create(duration)
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity")
+        record = (holder, spec.get("renewTime"))
+        now = self.monotonic()
+        if record != self._seen:
+            self._seen, self._seen_at = record, now
+        if holder and holder != self.lock.identity:
+            self.other_holder = True
+            if now < self._seen_at + duration:
+                return False  # its holder renewed it within its duration
+        return self.lock.hold(lease, duration)
+
+    def acquire(self) -> None:
+        """Returns once this candidate holds the Lease."""
+        while not self.round():
+            self.sleep(self.timing.retry_period)
+
+    def keep(self) -> None:
+        """Renews every ``retry_period``; returns when the Lease is lost: not renewed for
+        ``renew_deadline``, or held by another."""
+        renewed = self.monotonic()
+        while True:
+            self.sleep(self.timing.retry_period)
+            if self.round():
+                renewed = self.monotonic()
+            elif self.other_holder or self.monotonic() - renewed >= self.timing.renew_deadline:
+                return
 
 
 def identity() -> str:
@@ -162,7 +203,7 @@ def answering(liveness: str | None) -> Iterator[None]:
 
 
 def lead(
-    api_client: Any,
+    conn: Connection,
     name: str,
     namespace: str,
     timing: Timing = Timing(),
@@ -170,31 +211,23 @@ def lead(
     liveness: str | None = None,
 ) -> None:
     """Returns once this replica holds the Lease; from then on a background thread renews it,
-    and ends the process the moment a renewal fails for ``renew_deadline``. ``liveness``: the
-    operator's liveness endpoint, answered while waiting."""
+    and ends the process the moment the Lease is lost. ``liveness``: the operator's liveness
+    endpoint, answered while waiting."""
     me = me or identity()
-    lock = LeaseLock(client.CoordinationV1Api(api_client), name, namespace, me)
+    rest = RestClient(conn, pool_size=2, timeout=urllib3.Timeout(total=timing.retry_period))
+    election = Election(LeaseLock(rest, name, namespace, me), timing)
     leading = threading.Event()
 
-    def stopped() -> None:
+    def run() -> None:
+        election.acquire()
+        leading.set()
+        election.keep()
         log.error("lost the lease %s/%s: exiting so that no two replicas act", namespace, name)
         logging.shutdown()
         os._exit(EXIT_LOST_LEADERSHIP)
 
-    config = electionconfig.Config(
-        lock,
-        lease_duration=timing.lease_duration,
-        renew_deadline=timing.renew_deadline,
-        retry_period=timing.retry_period,
-        onstarted_leading=leading.set,
-        onstopped_leading=stopped,
-    )
-    # The election logs every round at INFO ("yet to finish lease_duration ..."): its own
-    # transitions are said here instead.
-    logging.getLogger("leaderelection").setLevel(logging.WARNING)
     log.info("%s: waiting to lead (lease %s/%s)", me, namespace, name)
-    election = leaderelection.LeaderElection(config)
     with answering(liveness):
-        threading.Thread(target=election.run, name="leader-election", daemon=True).start()
+        threading.Thread(target=run, name="leader-election", daemon=True).start()
         leading.wait()
     log.info("%s: leading (lease %s/%s)", me, namespace, name)

@@ -12,13 +12,14 @@ import sys
 from collections.abc import Callable
 from typing import Any, TextIO
 
-from kubernetes import config
+import urllib3
 
 from trainingrun import api
 from trainingrun.committed import check_committed, read_run_manifest
 from trainingrun.contract import format_bytes
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.kube import Kube, load_config
+from trainingrun.kubeconn import HttpError, KubeConfigError, from_kubeconfig
 from trainingrun.manifest import ManifestError
 from trainingrun.storage import (
     Location,
@@ -36,10 +37,9 @@ class UserError(Exception):
 
 def current_namespace(kubeconfig: str | None) -> str:
     try:
-        _, active = config.list_kube_config_contexts(config_file=kubeconfig)
-    except (config.ConfigException, FileNotFoundError):
+        return from_kubeconfig(kubeconfig).namespace or "default"
+    except KubeConfigError:
         return "default"
-    return str((active or {}).get("context", {}).get("namespace") or "default")
 
 
 def get_run(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
@@ -200,6 +200,9 @@ def run_user_command(command: str, args: argparse.Namespace, out: TextIO = sys.s
     try:
         kube = Kube(load_config(args.kubeconfig, pool_size=4))
         return fn(kube, args, out)
-    except (UserError, StorageError, ManifestError, config.ConfigException) as e:
+    except (UserError, StorageError, ManifestError, KubeConfigError, HttpError) as e:
         sys.stderr.write(f"trainingrun: {e}\n")
+        return 1
+    except urllib3.exceptions.HTTPError as e:
+        sys.stderr.write(f"trainingrun: the Kubernetes API server did not answer: {e}\n")
         return 1

@@ -17,7 +17,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 
 import pytest
-from kubernetes import client
 from moto import mock_aws
 
 from tests.unit.builders import T0
@@ -25,6 +24,7 @@ from trainingrun.api import StorageSpec
 from trainingrun.checksum import CRC64NVME, Algorithm, digest
 from trainingrun.contract import rfc3339
 from trainingrun.kube import ApiError
+from trainingrun.kubeconn import Connection, RestClient
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
@@ -406,15 +406,11 @@ def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def loopback_api_client(
-    handler: type[BaseHTTPRequestHandler], cls: type[Any] = client.ApiClient
-) -> Iterator[Any]:
-    """A kubernetes ApiClient (or ``cls``) whose API server is ``loopback_server(handler)``."""
+def loopback_api_client(handler: type[BaseHTTPRequestHandler]) -> Iterator[RestClient]:
+    """The operator's API client, its API server ``loopback_server(handler)``."""
     with loopback_server(handler) as url:
-        configuration = client.Configuration()
-        configuration.host = url
-        api_client = cls(configuration)
+        rest = RestClient(Connection(server=url))
         try:
-            yield api_client
+            yield rest
         finally:
-            api_client.close()
+            rest.close()

@@ -2,7 +2,7 @@
 
 Covers:
 
-- ``CountingApiClient`` (the ApiClient ``load_config`` makes) against a loopback HTTP server on
+- ``RestClient`` (the client ``load_config`` makes) against a loopback HTTP server on
   127.0.0.1: every request the Kube wrapper sends is told once, by verb and the API path's
   template, with a custom resource's plural filled in; a client with no listener sends as
   before;
@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import NAMESPACE, make_run
 from tests.unit.fakes import FakeBucket, FakeKube, loopback_api_client
-from trainingrun.kube import CountingApiClient, Kube
+from trainingrun.kube import Kube
+from trainingrun.kubeconn import RestClient
 from trainingrun.opmetrics import OperatorMetrics
 from trainingrun.stores import RunStores
 
@@ -51,8 +52,8 @@ class _NotFound(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api_client() -> Iterator[CountingApiClient]:
-    with loopback_api_client(_NotFound, CountingApiClient) as api:
+def api_client() -> Iterator[RestClient]:
+    with loopback_api_client(_NotFound) as api:
         yield api
 
 
@@ -88,7 +89,7 @@ def api_client() -> Iterator[CountingApiClient]:
     ],
 )
 def test_each_api_request_is_told_once_by_verb_and_path(
-    api_client: CountingApiClient, call: Any, expected: tuple[str, str]
+    api_client: RestClient, call: Any, expected: tuple[str, str]
 ) -> None:
     told: list[tuple[str, str]] = []
     api_client.on_call = lambda verb, resource: told.append((verb, resource))
@@ -98,7 +99,7 @@ def test_each_api_request_is_told_once_by_verb_and_path(
     assert told == [expected]
 
 
-def test_a_client_with_no_listener_sends_as_before(api_client: CountingApiClient) -> None:
+def test_a_client_with_no_listener_sends_as_before(api_client: RestClient) -> None:
     assert api_client.on_call is None
     assert Kube(api_client).get_run("team-a", "r1") is None  # the 404 came back as None
 

@@ -1,96 +1,110 @@
-"""The Lease lock of the leader election (trainingrun.leader) against an in-memory Lease API with
-the API server's optimistic concurrency: a create of an existing Lease and a replace with a
-stale resourceVersion both lose; a new holder counts a transition and a renewal does not; an
-unreachable API server is a failed round, not a crash. The election itself, with two real
-operator processes, is tests/integration/test_failover.py."""
+"""The leader election (trainingrun.leader) against an in-memory Lease API with the API server's
+optimistic concurrency, and a clock of the test's.
+
+Covers: a create of an existing Lease and a replace with a stale resourceVersion both lose; a
+new holder counts a transition and a renewal does not; a candidate takes a Lease only once its
+record has not changed for ``lease_duration`` by its own clock (a holder that renews keeps it),
+and at once when the Lease has no holder; a leader stops after ``renew_deadline`` of failed
+renewals, and at once when another holds the Lease; an unreachable API server is a failed round,
+not a crash; the timing refuses a renew deadline that lets a leader outlive its Lease. The
+election with two real operator processes is tests/integration/test_failover.py."""
 
 from __future__ import annotations
 
 import copy
-import json
 from typing import Any, cast
 
 import pytest
-from kubernetes import client
-from kubernetes.client.rest import ApiException
-from kubernetes.leaderelection.leaderelectionrecord import LeaderElectionRecord
+import urllib3
 
-from trainingrun.leader import LeaseLock, Timing
+from trainingrun.kubeconn import HttpError, RestClient
+from trainingrun.leader import LEASE, LEASES, Election, LeaseLock, Timing
 
 
 class Leases:
-    """``CoordinationV1Api``'s three Lease calls, in memory."""
+    """The Lease calls ``LeaseLock`` makes, in memory, with the API server's answers."""
 
     def __init__(self) -> None:
-        self.stored: dict[tuple[str, str], Any] = {}
+        self.stored: dict[tuple[str, str], dict[str, Any]] = {}
         self.version = 0
         self.down = False
+        self.calls: list[str] = []
 
-    def _check(self) -> None:
+    def call(self, method: str, template: str, body: Any = None, **where: str) -> dict[str, Any]:
+        self.calls.append(method)
         if self.down:
-            raise ConnectionRefusedError("connection refused")
-
-    def read_namespaced_lease(self, name: str, namespace: str) -> Any:
-        self._check()
-        if (namespace, name) not in self.stored:
-            raise ApiException(status=404, reason="Not Found")
-        return copy.deepcopy(self.stored[(namespace, name)])
-
-    def create_namespaced_lease(self, namespace: str, body: Any) -> Any:
-        self._check()
-        key = (namespace, body.metadata.name)
-        if key in self.stored:
-            raise ApiException(status=409, reason="AlreadyExists")
+            raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
+        if method == "GET" and template == LEASE:
+            key = (where["namespace"], where["name"])
+            if key not in self.stored:
+                raise HttpError(404, "Not Found", "leases not found")
+            return copy.deepcopy(self.stored[key])
+        assert body is not None
+        key = (where["namespace"], body["metadata"]["name"])
+        if method == "POST" and template == LEASES:
+            if key in self.stored:
+                raise HttpError(409, "Conflict", "already exists")
+        elif method == "PUT" and template == LEASE:
+            if body["metadata"].get("resourceVersion") != self.stored[key]["metadata"].get(
+                "resourceVersion"
+            ):
+                raise HttpError(409, "Conflict", "the object has been modified")
+        else:
+            raise AssertionError(f"unexpected call {method} {template}")
         self.version += 1
-        body.metadata.resource_version = str(self.version)
-        self.stored[key] = copy.deepcopy(body)
-        return body
+        stored = copy.deepcopy(body)
+        stored["metadata"]["resourceVersion"] = str(self.version)
+        self.stored[key] = stored
+        return copy.deepcopy(stored)
 
-    def replace_namespaced_lease(self, name: str, namespace: str, body: Any) -> Any:
-        self._check()
-        current = self.stored[(namespace, name)]
-        if body.metadata.resource_version != current.metadata.resource_version:
-            raise ApiException(status=409, reason="Conflict")
-        self.version += 1
-        body.metadata.resource_version = str(self.version)
-        self.stored[(namespace, name)] = copy.deepcopy(body)
-        return copy.deepcopy(body)
+    def spec(self) -> dict[str, Any]:
+        return dict(self.stored[("ns", "op")]["spec"])
 
 
-def record(holder: str) -> LeaderElectionRecord:
-    return LeaderElectionRecord(holder, "10", "t", "t")
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
 
 
 def lock(leases: Leases, me: str) -> LeaseLock:
-    return LeaseLock(cast(client.CoordinationV1Api, leases), "op", "ns", me)
+    return LeaseLock(cast(RestClient, leases), "op", "ns", me)
+
+
+def election(leases: Leases, me: str, clock: Clock) -> Election:
+    return Election(lock(leases, me), Timing(), monotonic=clock, sleep=clock.sleep)
 
 
 def test_the_first_candidate_creates_the_lease_and_a_second_create_loses() -> None:
     leases = Leases()
     a, b = lock(leases, "a"), lock(leases, "b")
 
-    found, failed = a.get("op", "ns")
-    assert not found and json.loads(failed.body)["code"] == 404
-    assert a.create("op", "ns", record("a"))
-    assert not b.create("op", "ns", record("b"))
+    assert a.read() is None
+    assert a.create(10)
+    assert not b.create(10)
 
-    found, held = b.get("op", "ns")
-    assert found and held.holder_identity == "a" and held.lease_duration == "10"
-    spec = leases.stored[("ns", "op")].spec
-    assert (spec.holder_identity, spec.lease_transitions) == ("a", 0)
+    held = b.read()
+    assert held is not None
+    assert (held["spec"]["holderIdentity"], held["spec"]["leaseDurationSeconds"]) == ("a", 10)
+    assert leases.spec()["leaseTransitions"] == 0
 
 
 def test_a_write_after_someone_elses_loses() -> None:
     leases = Leases()
     a, b = lock(leases, "a"), lock(leases, "b")
-    a.create("op", "ns", record("a"))
-    a.get("op", "ns")
-    b.get("op", "ns")
+    a.create(10)
+    read_by_a, read_by_b = a.read(), b.read()
+    assert read_by_a is not None and read_by_b is not None
 
-    assert b.update("op", "ns", record("b"))  # b read the newest: it takes the lease
-    assert not a.update("op", "ns", record("a"))  # a's read is stale: its renewal loses
+    assert b.hold(read_by_b, 10)  # b read the newest: it takes the lease
+    assert not a.hold(read_by_a, 10)  # a's read is stale: its renewal loses
 
-    assert leases.stored[("ns", "op")].spec.holder_identity == "b"
+    assert leases.spec()["holderIdentity"] == "b"
 
 
 @pytest.mark.parametrize(
@@ -100,34 +114,88 @@ def test_a_takeover_counts_a_transition_and_a_renewal_does_not(
     writer: str, transitions: int
 ) -> None:
     leases = Leases()
-    a = lock(leases, "a")
-    a.create("op", "ns", record("a"))
-    first = leases.stored[("ns", "op")].spec
+    lock(leases, "a").create(10)
+    first = leases.spec()
     w = lock(leases, writer)
-    w.get("op", "ns")
+    lease = w.read()
+    assert lease is not None
 
-    assert w.update("op", "ns", record(writer))
+    assert w.hold(lease, 10)
 
-    spec = leases.stored[("ns", "op")].spec
-    assert (spec.holder_identity, spec.lease_transitions) == (writer, transitions)
-    assert spec.renew_time > first.renew_time
+    spec = leases.spec()
+    assert (spec["holderIdentity"], spec["leaseTransitions"]) == (writer, transitions)
+    assert spec["renewTime"] > first["renewTime"]
     if writer == "a":
-        assert spec.acquire_time == first.acquire_time  # a renewal keeps it
+        assert spec["acquireTime"] == first["acquireTime"]  # a renewal keeps it
     else:
-        assert spec.acquire_time > first.acquire_time
+        assert spec["acquireTime"] > first["acquireTime"]
+
+
+def test_a_candidate_waits_while_the_holder_renews_and_takes_the_lease_once_it_stops() -> None:
+    leases, clock = Leases(), Clock()
+    a, b = election(leases, "a", clock), election(leases, "b", clock)
+    assert a.round()  # a creates it
+
+    for _ in range(10):  # 20 s: a renews every 2 s, b is refused every time
+        clock.sleep(2)
+        assert a.round()
+        assert not b.round()
+    # a stops renewing: b sees the same record for a lease duration first
+    waited = 0
+    while not b.round():
+        clock.sleep(2)
+        waited += 2
+        assert waited <= 12
+    assert waited >= 10
+    assert leases.spec()["holderIdentity"] == "b"
+    assert leases.spec()["leaseTransitions"] == 1
+
+
+def test_a_lease_without_holder_is_taken_at_once() -> None:
+    leases, clock = Leases(), Clock()
+    lock(leases, "a").create(10)
+    spec = leases.stored[("ns", "op")]["spec"]
+    spec["holderIdentity"] = None  # released
+
+    assert election(leases, "b", clock).round()
+    assert leases.spec()["holderIdentity"] == "b"
+
+
+def test_a_leader_that_cannot_renew_stops_after_its_renew_deadline() -> None:
+    leases, clock = Leases(), Clock()
+    a = election(leases, "a", clock)
+    a.acquire()
+    started = clock.now
+    leases.down = True
+
+    a.keep()
+
+    assert clock.now - started == Timing().renew_deadline  # 3 failed rounds, 2 s apart
+    assert clock.now - started + Timing().retry_period < Timing().lease_duration
+
+
+def test_a_leader_that_finds_another_holder_stops_at_once() -> None:
+    leases, clock = Leases(), Clock()
+    a = election(leases, "a", clock)
+    a.acquire()
+    spec = leases.stored[("ns", "op")]["spec"]
+    spec["holderIdentity"] = "b"  # another replica took it (a's clock ran slow)
+    started = clock.now
+
+    a.keep()
+
+    assert clock.now - started == Timing().retry_period  # the first round found it
 
 
 def test_an_unreachable_api_server_is_a_lost_round_not_a_crash() -> None:
-    leases = Leases()
-    a = lock(leases, "a")
-    a.create("op", "ns", record("a"))
+    leases, clock = Leases(), Clock()
+    a = election(leases, "a", clock)
     leases.down = True
 
-    found, failed = a.get("op", "ns")
-
-    assert not found and json.loads(failed.body)["code"] == 0
-    assert not a.update("op", "ns", record("a"))
-    assert not a.create("op", "ns", record("a"))
+    assert not a.round()
+    assert not lock(leases, "a").create(10)
+    leases.down = False
+    assert a.round()
 
 
 @pytest.mark.parametrize(

@@ -2,9 +2,9 @@
 
 Covers:
 
-- Kube.get_secret_data() against a real kubernetes ApiClient and a loopback HTTP server on
-  127.0.0.1 that answers a Secret: with the root logger at DEBUG (the client and urllib3 do log
-  there), neither a unique key value nor its base64 form appears in any log record; the data is
+- Kube.get_secret_data() against the operator's API client and a loopback HTTP server on
+  127.0.0.1 that answers a Secret: with the root logger at DEBUG (urllib3 does log there),
+  neither a unique key value nor its base64 form appears in any log record; the data is
   decoded; a missing Secret is None;
 - the logging set-up of ``trainingrun operator --verbose``, ``trainingrun sync -v`` and
   ``trainingrun restore -v``: the root logger is at DEBUG, and the kubernetes, urllib3,
@@ -62,20 +62,16 @@ class _SecretApi(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def kube() -> Iterator[Kube]:
-    """A Kube whose ApiClient talks to a loopback API server answering one Secret."""
-    with loopback_api_client(_SecretApi) as api_client:
-        yield Kube(api_client)
+    """A Kube whose client talks to a loopback API server answering one Secret."""
+    with loopback_api_client(_SecretApi) as rest:
+        yield Kube(rest)
 
 
 def test_secret_data_never_reaches_the_log(kube: Kube, caplog: pytest.LogCaptureFixture) -> None:
-    # Everything at DEBUG, whatever set the libraries' levels before (a kubernetes Configuration
-    # puts urllib3 at WARNING, the commands put the client libraries there).
-    with (
-        caplog.at_level(logging.DEBUG),
-        caplog.at_level(logging.DEBUG, logger="kubernetes"),
-        caplog.at_level(logging.DEBUG, logger="urllib3"),
-    ):
-        assert logging.getLogger("kubernetes.client.rest").isEnabledFor(logging.DEBUG)
+    # Everything at DEBUG, whatever set the libraries' levels before (the commands put the
+    # client libraries at WARNING).
+    with caplog.at_level(logging.DEBUG), caplog.at_level(logging.DEBUG, logger="urllib3"):
+        assert logging.getLogger("urllib3.connectionpool").isEnabledFor(logging.DEBUG)
         data = kube.get_secret_data("team-a", "s3-credentials")
         missing = kube.get_secret_data("team-a", "no-such-secret")
 
@@ -129,6 +125,7 @@ def test_operator_verbose_keeps_the_client_libraries_quiet(
     started: list[dict[str, Any]] = []
     monkeypatch.setattr(kopf, "run", lambda **kwargs: started.append(kwargs))
     monkeypatch.setattr(cli, "_limit_malloc_arenas", lambda: None)
+    monkeypatch.setattr(cli, "_keep_out_the_kubernetes_client", lambda: None)
     with _bare_root():
         assert cli.main(["operator", "--verbose"]) == 0
 
