@@ -2,8 +2,8 @@
 every call of the operator, its leader election and the user CLI goes through.
 
 The kubernetes client library is not used: the operator makes about fifteen kinds of call, all
-on the API's own JSON, and the library's generated models took 58 MB of the operator's memory
-once imported (docs/benchmarks.md, "Operator memory").
+on the API's own JSON, and the library's generated models took 50 MB of the operator's memory
+once imported (docs/benchmarks.md, "Operator memory (2026-11-27)").
 
 Sign-in, as kubectl finds it:
 

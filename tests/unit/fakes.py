@@ -392,6 +392,16 @@ def moto_s3(*buckets: str) -> Iterator[Any]:
             yield client
 
 
+def answer_json(handler: BaseHTTPRequestHandler, code: int, body: Any) -> None:
+    """Writes ``body`` as a JSON answer with status ``code`` (a loopback API server's)."""
+    raw = json.dumps(body).encode()
+    handler.send_response(code)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(raw)))
+    handler.end_headers()
+    handler.wfile.write(raw)
+
+
 @contextlib.contextmanager
 def loopback_server(handler: type[BaseHTTPRequestHandler]) -> Iterator[str]:
     """An HTTP server on 127.0.0.1 answering with ``handler``, on a thread; yields its URL."""

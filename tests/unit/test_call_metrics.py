@@ -14,7 +14,6 @@ Covers:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
 from typing import Any
@@ -23,7 +22,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import NAMESPACE, make_run
-from tests.unit.fakes import FakeBucket, FakeKube, loopback_api_client
+from tests.unit.fakes import FakeBucket, FakeKube, answer_json, loopback_api_client
 from trainingrun.kube import Kube
 from trainingrun.kubeconn import RestClient
 from trainingrun.opmetrics import OperatorMetrics
@@ -38,12 +37,7 @@ class _NotFound(BaseHTTPRequestHandler):
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         self.rfile.read(length)
-        raw = json.dumps({"kind": "Status", "code": 404, "reason": "NotFound"}).encode()
-        self.send_response(404)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        answer_json(self, 404, {"kind": "Status", "code": 404, "reason": "NotFound"})
 
     do_GET = do_PATCH = do_DELETE = do_POST = _answer
 

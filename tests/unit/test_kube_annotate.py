@@ -17,7 +17,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.unit.fakes import loopback_api_client
+from tests.unit.fakes import answer_json, loopback_api_client
 from trainingrun import kube
 from trainingrun.kube import Forbidden, Kube
 from trainingrun.kubeconn import HttpError
@@ -36,12 +36,7 @@ class _PatchAnswers(BaseHTTPRequestHandler):
         type(self).seen.append((self.path, self.headers["Content-Type"], body))
         code = type(self).status
         answer = {"kind": "Status", "code": code, "message": f"refused with {code}"}
-        raw = json.dumps(body if code == 200 else answer).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        answer_json(self, code, body if code == 200 else answer)
 
     def log_message(self, format: str, *args: Any) -> None:
         del format, args  # the server's own access log is not under test

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 import pytest
 import yaml
 
-from tests.unit.fakes import loopback_server
+from tests.unit.fakes import answer_json, loopback_server
 from trainingrun.kubeconn import (
     TOKEN_REREAD_SECONDS,
     Bearer,
@@ -226,11 +226,7 @@ class _Echo(BaseHTTPRequestHandler):
             code, body = 403, {"kind": "Status", "code": 403, "message": "pods is forbidden: no"}
         else:
             code, body = 200, {"path": self.path}
-        raw = json.dumps(body).encode()
-        self.send_response(code)
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        answer_json(self, code, body)
 
     def log_message(self, format: str, *args: Any) -> None:
         del format, args

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import base64
 import contextlib
-import json
 import logging
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler
@@ -25,7 +24,7 @@ from typing import Any
 import kopf
 import pytest
 
-from tests.unit.fakes import loopback_api_client
+from tests.unit.fakes import answer_json, loopback_api_client
 from trainingrun import cli
 from trainingrun.contract import CREDENTIAL_KEYS
 from trainingrun.kube import Kube
@@ -49,12 +48,7 @@ class _SecretApi(BaseHTTPRequestHandler):
             status, body = 200, {"kind": "Secret", "apiVersion": "v1", "data": data}
         else:
             status, body = 404, {"kind": "Status", "code": 404, "reason": "NotFound"}
-        raw = json.dumps(body).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(raw)))
-        self.end_headers()
-        self.wfile.write(raw)
+        answer_json(self, status, body)
 
     def log_message(self, format: str, *args: Any) -> None:
         del format, args  # the server's own access log is not under test
