@@ -108,7 +108,7 @@ class LeaseLock:
     def _write(self, method: str, path: str, body: dict[str, Any], **where: str) -> bool:
         try:
             self.rest.call(method, path, body, namespace=self.namespace, **where)
-        except (HttpError, urllib3.exceptions.HTTPError) as e:
+        except Exception as e:  # 409 (another wrote first), no answer: a lost round
             log.debug("lease %s/%s not written: %s", self.namespace, self.name, e)
             return False
         return True
@@ -134,7 +134,7 @@ class Election:
         self.other_holder = False
         try:
             lease = self.lock.read()
-        except (HttpError, urllib3.exceptions.HTTPError) as e:
+        except Exception as e:  # no answer, an error status, a token unreadable: a lost round
             log.debug("lease %s/%s not read: %s", self.lock.namespace, self.lock.name, e)
             return False
         duration = self.timing.lease_duration
@@ -219,12 +219,16 @@ def lead(
     leading = threading.Event()
 
     def run() -> None:
-        election.acquire()
-        leading.set()
-        election.keep()
-        log.error("lost the lease %s/%s: exiting so that no two replicas act", namespace, name)
-        logging.shutdown()
-        os._exit(EXIT_LOST_LEADERSHIP)
+        try:
+            election.acquire()
+            leading.set()
+            election.keep()
+            log.error("lost the lease %s/%s: exiting so that no two replicas act", namespace, name)
+        except BaseException:  # an election that stopped must not leave the operator acting
+            log.exception("the election on %s/%s failed: exiting", namespace, name)
+        finally:
+            logging.shutdown()
+            os._exit(EXIT_LOST_LEADERSHIP)
 
     log.info("%s: waiting to lead (lease %s/%s)", me, namespace, name)
     with answering(liveness):

@@ -5,9 +5,10 @@ Covers: a create of an existing Lease and a replace with a stale resourceVersion
 new holder counts a transition and a renewal does not; a candidate takes a Lease only once its
 record has not changed for ``lease_duration`` by its own clock (a holder that renews keeps it),
 and at once when the Lease has no holder; a leader stops after ``renew_deadline`` of failed
-renewals, and at once when another holds the Lease; an unreachable API server is a failed round,
-not a crash; the timing refuses a renew deadline that lets a leader outlive its Lease. The
-election with two real operator processes is tests/integration/test_failover.py."""
+renewals, and at once when another holds the Lease; an unreachable API server, or a token that
+cannot be read, is a failed round, not a crash; the timing refuses a renew deadline that lets a
+leader outlive its Lease. The election with two real operator processes is
+tests/integration/test_failover.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Any, cast
 import pytest
 import urllib3
 
-from trainingrun.kubeconn import HttpError, RestClient
+from trainingrun.kubeconn import HttpError, KubeConfigError, RestClient
 from trainingrun.leader import LEASE, LEASES, Election, LeaseLock, Timing
 
 
@@ -28,10 +29,13 @@ class Leases:
         self.stored: dict[tuple[str, str], dict[str, Any]] = {}
         self.version = 0
         self.down = False
+        self.failing: Exception | None = None  # raised by every call when set
         self.calls: list[str] = []
 
     def call(self, method: str, template: str, body: Any = None, **where: str) -> dict[str, Any]:
         self.calls.append(method)
+        if self.failing is not None:
+            raise self.failing
         if self.down:
             raise urllib3.exceptions.NewConnectionError(None, "connection refused")  # type: ignore[arg-type]
         if method == "GET" and template == LEASE:
@@ -196,6 +200,18 @@ def test_an_unreachable_api_server_is_a_lost_round_not_a_crash() -> None:
     assert not lock(leases, "a").create(10)
     leases.down = False
     assert a.round()
+
+
+def test_a_leader_whose_token_cannot_be_read_stops_after_its_renew_deadline() -> None:
+    leases, clock = Leases(), Clock()
+    a = election(leases, "a", clock)
+    a.acquire()
+    started = clock.now
+    leases.failing = KubeConfigError("cannot read the token file /var/run/...: gone")
+
+    a.keep()  # the error is a lost round, not a dead election thread
+
+    assert clock.now - started == Timing().renew_deadline
 
 
 @pytest.mark.parametrize(
