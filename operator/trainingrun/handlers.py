@@ -110,6 +110,7 @@ def _login(**_: Any) -> kopf.ConnectionInfo:
         private_key_data=conn.key_pem,
         token=conn.bearer.current() if conn.bearer else None,
         default_namespace=conn.namespace,
+        proxy_url=conn.proxy,
     )
 
 

@@ -13,9 +13,10 @@ Sign-in, as kubectl finds it:
   minute, as the kubelet rotates it;
 - else the kubeconfig files of KUBECONFIG (merged, the first to name a thing wins) or
   ~/.kube/config: the current context's cluster (server, certificate-authority[-data],
-  insecure-skip-tls-verify) and user (client-certificate[-data] and client-key[-data], token,
-  tokenFile, or an exec credential plugin such as ``aws eks get-token``). Relative paths are
-  relative to the file that names them.
+  insecure-skip-tls-verify, an http:// or https:// proxy-url) and user
+  (client-certificate[-data] and client-key[-data], token, tokenFile, or an exec credential
+  plugin such as ``aws eks get-token``). Relative paths are relative to the file that names
+  them.
 """
 
 from __future__ import annotations
@@ -155,6 +156,7 @@ class Connection:
     key_pem: str | None = None
     bearer: Bearer | None = None
     namespace: str | None = None  # the context's (or the service account's) namespace
+    proxy: str | None = None  # the cluster's proxy-url: an http:// or https:// proxy
 
     def ssl_context(self) -> ssl.SSLContext:
         ctx = ssl.create_default_context(cadata=self.ca_pem)
@@ -273,7 +275,19 @@ def from_kubeconfig(
         key_pem=_data(user.get("client-key-data")),
         bearer=_bearer(user, udir, str(context.get("user"))),
         namespace=context.get("namespace"),
+        proxy=_proxy(cluster.get("proxy-url"), str(context.get("cluster"))),
     )
+
+
+def _proxy(url: Any, cluster: str) -> str | None:
+    if not url:
+        return None
+    if urllib.parse.urlsplit(str(url)).scheme not in ("http", "https"):
+        raise KubeConfigError(
+            f"kubeconfig: cluster {cluster!r} has proxy-url {url!r}: only http:// and https:// "
+            "proxies are supported; use one, or reach the API server without the proxy"
+        )
+    return str(url)
 
 
 def _path(value: Any, folder: str) -> str | None:
@@ -351,12 +365,16 @@ class RestClient:
                 tls.update(cert_reqs="CERT_NONE", assert_hostname=False)
         # As large as the worker pool: a smaller pool makes every extra worker open (and
         # TLS-handshake) a new connection per call.
-        self.pool = urllib3.connection_from_url(
-            conn.server, maxsize=pool_size, block=False, timeout=timeout, **tls
+        pool = {"maxsize": pool_size, "block": False, "timeout": timeout, **tls}
+        self._origin = f"{url.scheme}://{url.netloc}"
+        self.pool: urllib3.PoolManager = (
+            urllib3.ProxyManager(conn.proxy, num_pools=1, **pool)
+            if conn.proxy
+            else urllib3.PoolManager(num_pools=1, **pool)
         )
 
     def close(self) -> None:
-        self.pool.close()
+        self.pool.clear()
 
     def call(
         self,
@@ -381,7 +399,9 @@ class RestClient:
         if body is not None:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
-        response = self.pool.urlopen(method, path, body=data, headers=headers)
+        response = self.pool.urlopen(
+            method, self._origin + path, body=data, headers=headers, redirect=False
+        )
         if response.status >= 400:
             raise _error(response.status, response.reason or "", response.data)
         return json.loads(response.data) if response.data else {}

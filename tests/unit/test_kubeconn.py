@@ -11,6 +11,7 @@ Covers:
   outside a pod; the token file read again after a minute, not before;
 - the client, against a loopback API server on 127.0.0.1: path fields URL-quoted, a server
   behind a path prefix, the bearer token sent, the Status message of an error in ``HttpError``;
+  a cluster's proxy-url carries the calls (a loopback proxy), a SOCKS one is refused by name;
 - the operator process (``trainingrun operator``'s imports) loads no kubernetes client library.
 """
 
@@ -262,3 +263,32 @@ def test_the_operator_process_never_loads_the_kubernetes_client_library() -> Non
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+class _Proxy(BaseHTTPRequestHandler):
+    """A forward proxy that answers every request itself with the absolute URL it was asked."""
+
+    def do_GET(self) -> None:  # the http.server hook's name
+        answer_json(self, 200, {"asked": self.path})
+
+    def log_message(self, format: str, *args: Any) -> None:
+        del format, args
+
+
+def test_a_clusters_proxy_url_carries_the_calls(tmp_path: Path) -> None:
+    with loopback_server(_Proxy) as proxy:
+        cluster = {"server": "http://10.255.255.1:8080", "proxy-url": proxy}
+        conn = from_kubeconfig(str(kubeconfig(tmp_path / "config", {"token": "t"}, cluster)))
+        rest = RestClient(conn)
+        got = rest.call("GET", "/api/v1/nodes/{name}", name="n1")
+        rest.close()
+
+    assert conn.proxy == proxy
+    assert got == {"asked": "http://10.255.255.1:8080/api/v1/nodes/n1"}
+
+
+def test_a_socks_proxy_url_is_refused_by_name(tmp_path: Path) -> None:
+    cluster = {"server": "https://10.0.0.1:6443", "proxy-url": "socks5://127.0.0.1:1080"}
+    path = kubeconfig(tmp_path / "config", {"token": "t"}, cluster)
+    with pytest.raises(KubeConfigError, match="only http:// and https:// proxies"):
+        from_kubeconfig(str(path))
