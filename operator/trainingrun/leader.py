@@ -25,11 +25,11 @@ import urllib.parse
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 import urllib3
 
+from trainingrun.contract import now_rfc3339_micro
 from trainingrun.kubeconn import Connection, HttpError, RestClient
 
 log = logging.getLogger("trainingrun.leader")
@@ -56,11 +56,6 @@ class Timing:
             )
 
 
-def micro_time(at: datetime) -> str:
-    """A Lease's MicroTime."""
-    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 class LeaseLock:
     """The three calls on one Lease: read, create, and replace of the Lease as last read."""
 
@@ -78,7 +73,7 @@ class LeaseLock:
 
     def create(self, duration: int) -> bool:
         """False when another candidate created it first (409) or the call failed."""
-        now = micro_time(datetime.now(UTC))
+        now = now_rfc3339_micro()  # a Lease's MicroTime
         body = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
@@ -97,7 +92,7 @@ class LeaseLock:
         """Renews the Lease as read, or takes it from its holder (a transition); False when it
         changed since the read (409) or the call failed."""
         spec = dict(lease.get("spec") or {})
-        now = micro_time(datetime.now(UTC))
+        now = now_rfc3339_micro()  # a Lease's MicroTime
         taken = spec.get("holderIdentity") != self.identity
         spec.update(holderIdentity=self.identity, leaseDurationSeconds=duration, renewTime=now)
         if taken or not spec.get("acquireTime"):
