@@ -1,5 +1,5 @@
-"""Shared by the benchmark scripts: a process's CPU time, and writing a section of
-docs/benchmarks.md in place."""
+"""Shared by the benchmark scripts: a process's CPU time (or that of every process with a given
+name), and writing a section of docs/benchmarks.md in place."""
 
 from __future__ import annotations
 
@@ -15,6 +15,22 @@ def cpu_seconds(pid: int, children: bool = False) -> float:
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     ticks = fields[11:15] if children else fields[11:13]
     return sum(int(t) for t in ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_by_name(names: frozenset[str]) -> dict[str, float]:
+    """CPU seconds so far of the running processes whose command name (``/proc/<pid>/comm``,
+    cut at 15 characters) is in ``names``, summed by name: the load beside the one measured."""
+    totals: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            comm = (proc / "comm").read_text().strip()
+            if comm in names:
+                totals[comm] = totals.get(comm, 0.0) + cpu_seconds(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return totals
 
 
 def write_section(path: Path, section: str) -> None:

@@ -1,17 +1,21 @@
-"""benchutil.write_section: a benchmark rewrites its own section of docs/benchmarks.md only.
+"""benchutil.write_section: a benchmark rewrites its own section of docs/benchmarks.md only;
+benchutil.cpu_by_name: the CPU of the processes beside the one measured.
 
 Covers: a section replaced in place between its neighbours (which stay byte for byte), a
 heading with a date in parentheses matched whatever the date, a new section appended, the
-first section written to a missing file under a title.
+first section written to a missing file under a title; the CPU of a child process found by its
+command name, and a name no process has left out.
 """
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from tests.benchutil import write_section
+from tests.benchutil import cpu_by_name, cpu_seconds, write_section
 
 DOC = """# Benchmarks
 
@@ -71,3 +75,33 @@ def test_write_section_to_a_missing_file(tmp_path: Path) -> None:
     write_section(path, "## Alpha\n\nbody\n")
 
     assert path.read_text() == "# Benchmarks\n\n## Alpha\n\nbody\n"
+
+
+# Names itself, spins for 0.3 s of CPU, says so, and waits to be killed.
+SPINNER = """
+import sys, time
+open("/proc/self/comm", "w").write(sys.argv[1])
+end = time.process_time() + 0.3
+while time.process_time() < end:
+    pass
+print("spun", flush=True)
+time.sleep(60)
+"""
+
+
+def test_cpu_by_name_sums_the_named_processes() -> None:
+    name = "tr-bench-spin"
+    child = subprocess.Popen(
+        [sys.executable, "-c", SPINNER, name], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout is not None and child.stdout.readline() == "spun\n"
+
+        found = cpu_by_name(frozenset({name, "no-such-process"}))
+
+        assert set(found) == {name}
+        assert found[name] >= 0.3
+        assert found[name] == pytest.approx(cpu_seconds(child.pid), abs=0.05)
+    finally:
+        child.kill()
+        child.wait()
