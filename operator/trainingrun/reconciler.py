@@ -26,18 +26,13 @@ from pydantic import ValidationError
 
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.cache import ClusterView, ObjectReader
-from trainingrun.committed import Choice
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
 from trainingrun.decide.pod import (
-    AgentSettings,
     RunRef,
-    build_pod,
-    gang_name_problem,
     member_names,
     owned_by,
-    resume_of,
 )
 from trainingrun.decide.reconcile import (
     Observed,
@@ -45,32 +40,26 @@ from trainingrun.decide.reconcile import (
     attempt_outcome,
     plan,
     sooner,
-    started,
 )
-from trainingrun.decide.status import fail, is_finished
-from trainingrun.decide.storagepolicy import refusal
-from trainingrun.decide.waits import Wait, secret_wait, wait, wait_over
+from trainingrun.decide.status import is_finished
 from trainingrun.events import EventSink
 from trainingrun.launcher import Creator, Launcher
-from trainingrun.manifest import Layout, ManifestError
+from trainingrun.manifest import ManifestError
 from trainingrun.notices import Notices, PodAnnotator
 from trainingrun.oldpods import OldPods, PodDeleter
 from trainingrun.opmetrics import OperatorMetrics
-from trainingrun.protocol import StaleAttempt
 from trainingrun.queues import ObjectApi, Queues
 from trainingrun.settings import OperatorSettings
+from trainingrun.starter import Starter
+from trainingrun.statuswriter import StatusApi, StatusWriter, storage_refused
 from trainingrun.storage import StorageError, StorageMisconfigured
-from trainingrun.stores import Checkpoints, MissingSecret, RunStores, public_message
+from trainingrun.stores import Checkpoints, MissingSecret, RunStores
 
 log = logging.getLogger("trainingrun.operator")
 
 
-class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Creator, ObjectApi, Protocol):
+class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Creator, ObjectApi, StatusApi, Protocol):
     """The calls of ``trainingrun.kube.Kube`` the reconciler makes."""
-
-    def patch_run_status(
-        self, namespace: str, name: str, status: dict[str, Any]
-    ) -> dict[str, Any] | None: ...
 
 
 @dataclass
@@ -105,6 +94,7 @@ class Reconciler:
         self.launcher = Launcher(api, self.view, events, metrics, settings, monotonic)
         self.queues = Queues(api, monotonic)
         self.writer = StatusWriter(api, self.view, events)
+        self.starter = Starter(stores, self.launcher, self.writer, events, settings)
         self._now = now
         self._monotonic = monotonic
         self._memory: dict[tuple[str, str], RunMemory] = {}
@@ -198,7 +188,7 @@ class Reconciler:
         try:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except (MissingSecret, StorageMisconfigured) as e:
-            return self._unusable_storage(run, status, e, now)
+            return self.starter.unusable_storage(run, status, e, now)
         made = running if seen.latest is None else None
         obs = replace(obs, latest=seen.latest)
         p = made if made is not None else plan(obs)
@@ -214,26 +204,44 @@ class Reconciler:
         made: Plan | None = None,
         seen: tuple[bytes, str] | None = None,
     ) -> float | None:
-        """Status first, then Events, then the pods; the next attempt's pod only after the
-        status that records the attempt has landed. ``made``: the plan of ``obs``, if made;
-        ``seen``: the bucket manifest as this pass read it, if it did."""
+        """Status first, then Events, then the pods; the next attempt's pods only once the
+        status records the attempt, or in one write with them (below). ``made``: the plan of
+        ``obs``, if made; ``seen``: the bucket manifest as this pass read it, if it did.
+
+        A start due at once (no backoff, no old sidecar still committing, no pod the plan ends)
+        writes the plan's status together with the started attempt, once its pods exist: one
+        status write instead of two. Stopped between the create and that write, the next
+        operator judges the same ending again and finds the pods by name (a create answers
+        409 and adopts them): no attempt number is skipped, no second pod made."""
         p = made if made is not None else plan(obs)
+        starting = p.create_attempt is not None
+        if starting and p.create_attempt != p.status.attempt:
+            raise AssertionError("plan asked for a pod of another attempt than the status records")
+        # The fence waits for an old pod's sidecar still committing its trainer's last save.
+        wait = None
+        if starting:
+            wait = self.old_pods.drain_wait(
+                ref.namespace, ref.name, ref.uid, p.status.attempt, obs.now
+            )
+        at_once = starting and wait is None and not p.delete_pods and not p.annotate
+        if not at_once:
+            self._record(run, ref, p)
+        # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
+        again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pods)
+        if not starting:
+            return sooner(p.requeue_after, again)
+        if wait is not None:
+            return sooner(wait, again)
+        record = (lambda: self._record(run, ref, p)) if at_once else None
+        return sooner(self.starter.start(run, ref, obs, p, seen, record), again)
+
+    def _record(self, run: dict[str, Any], ref: RunRef, p: Plan) -> None:
+        """The plan's status, then its Events, then the pods it asks to save and stop."""
         self.writer.write(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
         for pod in p.annotate:  # asked to save and stop for a hold (decide.hold)
             self.api.annotate_pod(ref.namespace, pod, dict(p.annotations))
-        # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
-        again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pods)
-        if p.create_attempt is None:
-            return sooner(p.requeue_after, again)
-        if p.create_attempt != p.status.attempt:
-            raise AssertionError("plan asked for a pod of another attempt than the status records")
-        # The fence waits for an old pod's sidecar still committing its trainer's last save.
-        wait = self.old_pods.drain_wait(ref.namespace, ref.name, ref.uid, p.status.attempt, obs.now)
-        if wait is not None:
-            return sooner(wait, again)
-        return sooner(self._start_attempt(run, ref, obs, p.status, seen), again)
 
     def _checkpoints(self, ref: RunRef, mem: RunMemory, due: bool, first: bool) -> Checkpoints:
         """The run manifest when ``due`` (an attempt ended, or is about to be warned
@@ -256,150 +264,6 @@ class Reconciler:
             return Checkpoints()
         mem.checkpoint_read_at = self._monotonic()
         return seen
-
-    def _start_attempt(
-        self,
-        run: dict[str, Any],
-        ref: RunRef,
-        obs: Observed,
-        status: TrainingRunStatus,
-        seen: tuple[bytes, str] | None = None,
-    ) -> float | None:
-        """Creates the pods of ``status.attempt`` from the newest usable checkpoint."""
-        namespace, name = ref.namespace, ref.name
-        problem = gang_name_problem(name, status.attempt, ref.spec.replicas)
-        if problem is not None:
-            self.writer.fail(run, status, R.INVALID_SPEC, problem, obs.now)
-            return None
-        try:
-            # The fence first: from here no older attempt can commit, so the choice below sees
-            # every checkpoint there will be before this attempt's own.
-            manifest, epoch = self.stores.take_fence(ref, status.attempt, seen)
-            choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
-        except (MissingSecret, StorageMisconfigured) as e:
-            return self._unusable_storage(run, status, e, obs.now)
-        except StaleAttempt as e:
-            log.warning("%s/%s: not starting attempt %d: %s", namespace, name, status.attempt, e)
-            return self.settings.resync_seconds
-        except (StorageError, ManifestError) as e:
-            # Without the manifest the newest checkpoint is unknown; starting fresh would lose
-            # work, and without the fence an old attempt could still commit: wait for the bucket.
-            log.warning(
-                "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, e
-            )
-            why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
-            said = public_message(e, ref.spec.checkpoint.storage)
-            message = f"cannot take the fence or read checkpoints in the bucket, retrying: {said}"
-            held = wait(status, obs.generation, why, message, obs.now)
-            return self.writer.wait(run, status, held)
-        for step, why in choice.rejected:
-            message = f"checkpoint {step} not used: {why}"
-            self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
-        pods = attempt_pods(ref, status.attempt, choice, epoch, self.settings.agent)
-        launched = self.launcher.launch(run, ref, pods)
-        if launched.invalid is not None:
-            self.writer.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
-        if launched.held is not None:  # said in an Event by the launcher already
-            why, message = launched.held
-            held = wait(status, obs.generation, why, message, obs.now)
-            self.writer.wait(run, status, replace(held, event=None))
-        if launched.first is None:
-            return launched.wait
-        new, ev = started(status, obs, launched.first)
-        new = wait_over(new, obs.generation, obs.now)
-        self.writer.write(namespace, name, status.model_dump(by_alias=True, mode="json"), new)
-        self.events.post(run, ev.type, ev.reason, ev.message)
-        return None
-
-    def _unusable_storage(
-        self, run: dict[str, Any], status: TrainingRunStatus, e: Exception, now: datetime
-    ) -> float | None:
-        """No client of the run's storage: a settings error fails the run; a missing Secret is
-        waited for, for ``secret_wait_seconds``, then fails it."""
-        if isinstance(e, StorageMisconfigured):
-            self.writer.fail(run, status, R.STORAGE_MISCONFIGURED, str(e), now)
-            return None
-        generation = int(run["metadata"].get("generation") or 0)
-        held = secret_wait(status, generation, str(e), now, self.settings.secret_wait_seconds)
-        if held is None:
-            self.writer.fail(run, status, R.MISSING_SECRET, str(e), now)
-            return None
-        return self.writer.wait(run, status, held)
-
-
-def attempt_pods(
-    ref: RunRef, attempt: int, choice: Choice, epoch: int, agent: AgentSettings
-) -> list[dict[str, Any]]:
-    """The pods of ``attempt``, one per rank, resumed from the chosen checkpoint (none: from
-    scratch)."""
-    entry = choice.entry
-    resume = (
-        resume_of(ref, entry.step, Layout.resume_path(entry.layout, entry.step)) if entry else None
-    )
-    return [
-        build_pod(ref, attempt, resume, agent, epoch, rank) for rank in range(ref.spec.replicas)
-    ]
-
-
-def storage_refused(
-    writer: StatusWriter,
-    settings: OperatorSettings,
-    run: dict[str, Any],
-    status: TrainingRunStatus,
-    ref: RunRef,
-    now: datetime,
-) -> bool:
-    """Fails the run when it may not use the storage it names (decide.storagepolicy), before
-    any call to that storage; True when it did."""
-    storage = ref.spec.checkpoint.storage
-    allowed = (settings.allowed_endpoints, settings.allowed_uris)
-    refused = refusal(storage, ref.namespace, ref.name, *allowed)
-    if refused is not None:
-        writer.fail(run, status, refused.reason, refused.message, now)
-    return refused is not None
-
-
-class StatusWriter:
-    """Writes a run's status (a merge patch, only when it changed) and posts its Events."""
-
-    def __init__(self, api: KubeApi, view: ClusterView, events: EventSink) -> None:
-        self.api, self.view, self.events = api, view, events
-
-    def fail(
-        self,
-        run: dict[str, Any],
-        status: TrainingRunStatus,
-        reason: str,
-        message: str,
-        now: datetime,
-    ) -> None:
-        """Ends the run as Failed with a reason that names the problem; never retried."""
-        meta = run["metadata"]
-        generation = int(meta.get("generation") or 0)
-        new, event = fail(status, generation, reason, message, now)
-        self.write(meta["namespace"], meta["name"], run.get("status") or {}, new)
-        self.events.post(run, event.type, event.reason, event.message)
-
-    def wait(self, run: dict[str, Any], status: TrainingRunStatus, held: Wait) -> float:
-        """Records why the next attempt's start waits; returns when to try again."""
-        meta = run["metadata"]
-        before = status.model_dump(by_alias=True, mode="json")
-        self.write(meta["namespace"], meta["name"], before, held.status)
-        if held.event is not None:
-            self.events.post(run, held.event.type, held.event.reason, held.event.message)
-        return held.retry_after
-
-    def write(
-        self, namespace: str, name: str, before: Mapping[str, Any], after: TrainingRunStatus
-    ) -> None:
-        new = after.model_dump(by_alias=True, mode="json")
-        old = TrainingRunStatus.model_validate(dict(before)).model_dump(by_alias=True, mode="json")
-        if new == old:
-            return
-        # Merge patch: keys that became None are removed.
-        updated = self.api.patch_run_status(namespace, name, new)
-        if updated is not None:
-            self.view.runs.put((namespace, name), updated)
 
 
 def ended(

@@ -250,6 +250,89 @@ def test_a_resubmission_reads_the_run_manifest_twice() -> None:
     assert [key for key in w.bucket.gets if key == manifest] == [manifest, manifest]
 
 
+def status_writes(w: World) -> list[dict[str, Any]]:
+    """From now on, every status the reconciler writes, in order."""
+    written: list[dict[str, Any]] = []
+    write = w.kube.patch_run_status
+
+    def counted(namespace: str, name: str, status: dict[str, Any]) -> dict[str, Any] | None:
+        written.append(copy.deepcopy(status))
+        return write(namespace, name, status)
+
+    w.kube.patch_run_status = counted  # type: ignore[method-assign]
+    return written
+
+
+def test_a_resubmission_due_at_once_writes_the_status_once() -> None:
+    """The ending and the started attempt in one write, after the pod exists; the Events
+    after it, in the order of what happened."""
+    w = World()
+    w.reconcile()
+    w.bucket.commit(w.location, 30)
+    w.report(make_pod("r1-1").on_node().phase("Failed").condition("DisruptionTarget"))
+    written = status_writes(w)
+
+    w.reconcile()
+
+    assert len(written) == 1
+    assert (written[0]["attempt"], written[0]["preemptions"]) == (2, 1)
+    assert (written[0]["activePod"], written[0]["resumeStep"]) == ("r1-2", 30)
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    assert w.events.reasons() == [R.STARTED, R.PREEMPTED, R.RESUMED]
+
+
+def test_a_start_after_a_backoff_writes_the_ending_first_then_the_start() -> None:
+    w = World()
+    w.reconcile()
+    w.report(make_pod("r1-1").on_node().trainer_exited(1))
+    w.kube.nodes["n1"] = {"metadata": {"name": "n1"}, "status": {"conditions": []}}
+    written = status_writes(w)
+
+    w.reconcile()
+    w.clock.advance(10)
+    w.reconcile()
+
+    assert [(s["attempt"], s["phase"], s.get("activePod")) for s in written] == [
+        (2, "Backoff", None),
+        (2, "Running", "r1-2"),
+    ]
+
+
+def test_a_resubmission_that_cannot_take_the_fence_records_the_ending_and_the_wait() -> None:
+    w = World()
+    w.reconcile()
+    w.report(make_pod("r1-1").on_node().phase("Failed").condition("DisruptionTarget"))
+    w.bucket.put(w.location.key(RUN_MANIFEST), b"{not json")
+
+    assert w.reconcile() == MIN_RETRY_SECONDS
+
+    status = w.status()
+    assert (status["attempt"], status["preemptions"], status.get("activePod")) == (2, 1, None)
+    assert status["reason"] == R.MANIFEST_UNREADABLE
+    assert w.events.reasons() == [R.STARTED, R.PREEMPTED, R.MANIFEST_UNREADABLE]
+    assert w.kube.creates == ["r1-1"]
+
+
+def test_operator_stopped_between_the_create_and_the_one_write_makes_one_pod() -> None:
+    """The pod of attempt 2 was created, the write that records it never landed: the status
+    still says attempt 1. The next operator judges the ending again and adopts r1-2."""
+    w = World()
+    w.reconcile()
+    w.report(make_pod("r1-1").on_node().phase("Failed").condition("DisruptionTarget"))
+    w.kube.create_pod(make_pod("r1-2").owned_by(RUN, w.builder.uid).build())
+    assert w.status()["attempt"] == 1
+
+    w.restart()
+    w.watch()
+    w.reconcile()
+    w.reconcile()
+
+    status = w.status()
+    assert (status["attempt"], status["activePod"], status["preemptions"]) == (2, "r1-2", 1)
+    assert [k[1] for k in w.kube.pods] == ["r1-1", "r1-2"]
+    assert "r1-3" not in w.kube.creates
+
+
 @pytest.mark.parametrize("created", [False, True], ids=["before-create", "after-create"])
 def test_operator_restart_between_the_two_steps_makes_one_pod(created: bool) -> None:
     """Step 1 (attempt 2 recorded, no pod) landed; the operator stopped before the create, or

@@ -1,0 +1,167 @@
+"""The start of an attempt: the run's fence in the bucket, the newest usable checkpoint, the
+pods (``trainingrun.launcher``), and the status that records the started attempt; and what a
+start that cannot reach the run's storage writes instead (a wait, or the run failed)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+from datetime import datetime
+from typing import Any
+
+from trainingrun.api import TrainingRunStatus
+from trainingrun.committed import Choice
+from trainingrun.decide import reasons as R
+from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, gang_name_problem, resume_of
+from trainingrun.decide.reconcile import Observed, Plan, started
+from trainingrun.decide.waits import secret_wait, wait, wait_over
+from trainingrun.events import EventSink
+from trainingrun.launcher import Launcher
+from trainingrun.manifest import Layout, ManifestError
+from trainingrun.protocol import StaleAttempt
+from trainingrun.settings import OperatorSettings
+from trainingrun.statuswriter import StatusWriter
+from trainingrun.storage import StorageError, StorageMisconfigured
+from trainingrun.stores import MissingSecret, RunStores, public_message
+
+log = logging.getLogger("trainingrun.operator")
+
+
+class Starter:
+    """Starts attempts for the reconciler; writes through its ``StatusWriter``."""
+
+    def __init__(
+        self,
+        stores: RunStores,
+        launcher: Launcher,
+        writer: StatusWriter,
+        events: EventSink,
+        settings: OperatorSettings,
+    ) -> None:
+        self.stores, self.launcher, self.writer = stores, launcher, writer
+        self.events, self.settings = events, settings
+
+    def start(
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        p: Plan,
+        seen: tuple[bytes, str] | None = None,
+        record: Callable[[], None] | None = None,
+    ) -> float | None:
+        """Creates the pods of ``p.status.attempt`` from the newest usable checkpoint.
+        ``record``: given when the plan's status and Events are not written yet; they go in one
+        write with the started attempt, or (by calling it) on their own first when the start
+        stops short."""
+        pending = [record] if record is not None else []
+
+        def first() -> None:  # the plan's status and Events, before anything else is said
+            while pending:
+                pending.pop()()
+
+        status = p.status
+        problem = gang_name_problem(ref.name, status.attempt, ref.spec.replicas)
+        if problem is not None:
+            first()
+            self.writer.fail(run, status, R.INVALID_SPEC, problem, obs.now)
+            return None
+        fenced = self._fence(run, ref, obs, status, seen, first)
+        if not isinstance(fenced, tuple):
+            return fenced
+        choice, epoch = fenced
+        if choice.rejected:
+            first()  # the plan's Events before the checkpoints' own
+        for step, why in choice.rejected:
+            message = f"checkpoint {step} not used: {why}"
+            self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
+        pods = attempt_pods(ref, status.attempt, choice, epoch, self.settings.agent)
+        launched = self.launcher.launch(run, ref, pods)
+        if launched.first is None or launched.invalid is not None or launched.held is not None:
+            first()
+        if launched.invalid is not None:
+            self.writer.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
+        if launched.held is not None:  # said in an Event by the launcher already
+            why, message = launched.held
+            held = wait(status, obs.generation, why, message, obs.now)
+            self.writer.wait(run, status, replace(held, event=None))
+        if launched.first is None:
+            return launched.wait
+        new, ev = started(status, obs, launched.first)
+        new = wait_over(new, obs.generation, obs.now)
+        unwritten = bool(pending)
+        done = status.model_dump(by_alias=True, mode="json")
+        before = run.get("status") or {} if unwritten else done
+        self.writer.write(ref.namespace, ref.name, before, new)
+        for told in p.events if unwritten else ():
+            self.events.post(run, told.type, told.reason, told.message)
+        self.events.post(run, ev.type, ev.reason, ev.message)
+        return None
+
+    def _fence(
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        status: TrainingRunStatus,
+        seen: tuple[bytes, str] | None,
+        first: Callable[[], None],
+    ) -> tuple[Choice, int] | float | None:
+        """The run's fence for the attempt and the checkpoint it resumes from, with the
+        attempt's epoch; or, when the storage cannot give them, what the start waits (written
+        after ``first``)."""
+        namespace, name = ref.namespace, ref.name
+        try:
+            # The fence first: from here no older attempt can commit, so the choice below sees
+            # every checkpoint there will be before this attempt's own.
+            manifest, epoch = self.stores.take_fence(ref, status.attempt, seen)
+            return self.stores.choose(ref, set(status.bad_checkpoints), manifest), epoch
+        except (MissingSecret, StorageMisconfigured) as e:
+            first()
+            return self.unusable_storage(run, status, e, obs.now)
+        except StaleAttempt as e:
+            first()
+            log.warning("%s/%s: not starting attempt %d: %s", namespace, name, status.attempt, e)
+            return self.settings.resync_seconds
+        except (StorageError, ManifestError) as e:
+            first()
+            # Without the manifest the newest checkpoint is unknown; starting fresh would lose
+            # work, and without the fence an old attempt could still commit: wait for the bucket.
+            log.warning(
+                "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, e
+            )
+            why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
+            said = public_message(e, ref.spec.checkpoint.storage)
+            message = f"cannot take the fence or read checkpoints in the bucket, retrying: {said}"
+            held = wait(status, obs.generation, why, message, obs.now)
+            return self.writer.wait(run, status, held)
+
+    def unusable_storage(
+        self, run: dict[str, Any], status: TrainingRunStatus, e: Exception, now: datetime
+    ) -> float | None:
+        """No client of the run's storage: a settings error fails the run; a missing Secret is
+        waited for, for ``secret_wait_seconds``, then fails it."""
+        if isinstance(e, StorageMisconfigured):
+            self.writer.fail(run, status, R.STORAGE_MISCONFIGURED, str(e), now)
+            return None
+        generation = int(run["metadata"].get("generation") or 0)
+        held = secret_wait(status, generation, str(e), now, self.settings.secret_wait_seconds)
+        if held is None:
+            self.writer.fail(run, status, R.MISSING_SECRET, str(e), now)
+            return None
+        return self.writer.wait(run, status, held)
+
+
+def attempt_pods(
+    ref: RunRef, attempt: int, choice: Choice, epoch: int, agent: AgentSettings
+) -> list[dict[str, Any]]:
+    """The pods of ``attempt``, one per rank, resumed from the chosen checkpoint (none: from
+    scratch)."""
+    entry = choice.entry
+    resume = (
+        resume_of(ref, entry.step, Layout.resume_path(entry.layout, entry.step)) if entry else None
+    )
+    return [
+        build_pod(ref, attempt, resume, agent, epoch, rank) for rank in range(ref.spec.replicas)
+    ]
