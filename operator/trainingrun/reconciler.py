@@ -3,10 +3,12 @@
 Gather: the run, the pods of its current attempt (one, or a gang's one per rank) and their
 nodes (from the caches, read through to the API), and, when an attempt ended, is about to be
 warned unprotected or a refresh is due, the bucket manifest. Plan: the pure
-``trainingrun.decide.reconcile.plan``. Apply: the status is written once and its Events handed
-to the sink, then the pods of older attempts (and those the plan ends) are deleted until they
-are gone (``trainingrun.oldpods``; a refused DELETE is retried at a later pass and never stops
-the next attempt), then the next attempt's pods are created (``trainingrun.launcher``).
+``trainingrun.decide.reconcile.plan``. Apply: the status is written and its Events handed to
+the sink, the pods of older attempts (and those the plan ends) are deleted until they are gone
+(``trainingrun.oldpods``; a refused DELETE is retried at a later pass and never stops the next
+attempt), and the next attempt is started (``trainingrun.starter``): its fence, its checkpoint,
+its pods. A start due at once writes the plan's status with the started attempt, in one write
+once the pods exist.
 
 Everything outside is passed in (the Kubernetes wrapper, the stores, the Event sink, the
 metrics, the clock), so a unit test drives a ``Reconciler`` against fakes in memory.

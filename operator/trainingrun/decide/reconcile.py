@@ -12,9 +12,12 @@ second pod for one attempt nor skips an attempt number:
    409, which means done. ``started()`` records the pod as active.
 
 When attempt N+1 is due at once (a preemption, a bad checkpoint, a failure without backoff),
-the plan of step 1 also asks for its pod: the controller creates it in the same pass once the
-status write of step 1 landed, so a resubmission costs one pass and one read of the bucket
-manifest. An operator killed between the two finds attempt N+1 recorded with no pod: step 2.
+the plan of step 1 also asks for its pod: the controller creates it in the same pass and writes
+step 1's status together with ``started()``'s, in one write once the pod exists, so a
+resubmission costs one pass, one status write and one read of the bucket manifest. An operator
+killed before that write finds attempt N's pod ended again and decides the same: its create of
+``<run>-<N+1>`` answers 409 and adopts the pod. One killed between two writes (a next attempt
+that waited) finds attempt N+1 recorded with no pod: step 2.
 
 While an attempt runs, its ``Protected`` condition says whether it committed a checkpoint since
 its trainer started (``decide.protection``; ``_protect`` below).
