@@ -7,7 +7,9 @@ a watch. Reports p50, p99 and max of that latency, the operator process's peak R
 the CPU time the operator spent while the failures were handled, per replacement (a figure the
 other load on a shared machine disturbs less than the latency), and the operator's own calls per
 replacement: to the API server (reads, writes, Events: its ``trainingrun_api_calls`` metric) and
-to the bucket (``trainingrun_bucket_calls``).
+to the bucket (``trainingrun_bucket_calls``); and the CPU per replacement of every other process
+on the machine (control plane, kwok, SeaweedFS, the benchmark itself) against what the cores
+have for one replacement at the failure rate.
 
 ``--runs`` takes several fleet sizes (``--runs 250,1000,5000``): each is measured in turn with a
 fresh operator and namespace, and kwok nodes scaled to match (``--pods-per-node``); the table
