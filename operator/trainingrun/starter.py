@@ -91,8 +91,11 @@ class Starter:
         new, ev = started(status, obs, launched.first)
         new = wait_over(new, obs.generation, obs.now)
         unwritten = bool(pending)
-        done = status.model_dump(by_alias=True, mode="json")
-        before = run.get("status") or {} if unwritten else done
+        before = (
+            (run.get("status") or {})
+            if unwritten
+            else status.model_dump(by_alias=True, mode="json")
+        )
         self.writer.write(ref.namespace, ref.name, before, new)
         for told in p.events if unwritten else ():
             self.events.post(run, told.type, told.reason, told.message)
