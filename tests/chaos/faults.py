@@ -67,7 +67,9 @@ class Injector:
     injected: Counter[str] = field(default_factory=Counter)
     missed: Counter[str] = field(default_factory=Counter)
     in_flight: Counter[str] = field(default_factory=Counter)
-    log: list[tuple[float, str, str]] = field(default_factory=list)
+    # (at, kind, outcome, target): the target a pod (and its node) or a node
+    log: list[tuple[float, str, str, str]] = field(default_factory=list)
+    target: threading.local = field(default_factory=threading.local)  # each fault thread's
     busy_nodes: set[str] = field(default_factory=set)
     s3_down: bool = False
     last: dict[str, float] = field(default_factory=dict)
@@ -106,6 +108,7 @@ class Injector:
 
     def _one(self, name: str, fault: Callable[[float], bool], elapsed: float) -> None:
         at = round(self.fleet.observer.ledger.now(), 1)
+        self.target.name = ""
         try:
             done = fault(elapsed)
             outcome = "injected" if done else "skipped"
@@ -116,7 +119,7 @@ class Injector:
             self.in_flight[name] -= 1
             if not self.in_flight[name]:
                 del self.in_flight[name]
-            self.log.append((at, name, outcome))
+            self.log.append((at, name, outcome, self.target.name))
 
     def _gate(self, kind: str, every_s: float) -> bool:
         """True (and the time noted) when ``kind`` has not happened in the last ``every_s``."""
@@ -143,7 +146,11 @@ class Injector:
                 and not v.trainer_ended
                 and (v.run in self.fleet.real_runs) == want_real
             ]
-        return self.rng.choice(sorted(pods)) if pods else None
+        if not pods:
+            return None
+        pod, node = self.rng.choice(sorted(pods))
+        self.target.name = f"{pod} on {node}"
+        return pod, node
 
     def _runner(self, node: str) -> RunnerHandle | None:
         return next((h for h in self.fleet.runners if h.node == node), None)
@@ -163,6 +170,7 @@ class Injector:
             else:
                 return None
             self.busy_nodes.add(node)
+            self.target.name = node
             return node
 
     def _kwok_limit(self) -> int:

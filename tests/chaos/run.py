@@ -20,7 +20,7 @@ from typing import Any
 from kubernetes import client, config
 
 from tests import localenv
-from tests.chaos import processes
+from tests.chaos import evidence, processes
 from tests.chaos.faults import Fleet, Injector
 from tests.chaos.observe import INVARIANTS, Ledger, Observer
 from tests.e2e.example import pod_spec, uninterrupted
@@ -281,6 +281,12 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
         if cfg.real:
             ref_thread.join(timeout=600)
         final = final_checks(setup, observer, reference.get("weights"), real, kwok)
+        if observer.ledger.breaks:  # kept before the namespace and the runners go
+            kept = evidence.keep(
+                setup.core, setup.custom, setup.ns, setup.runners, real, work / "evidence"
+            )
+            report["evidence"] = evidence.summary(kept)
+            log(f"invariants broke: evidence kept in {kept}")
         observer.close()
         report.update(
             summary(

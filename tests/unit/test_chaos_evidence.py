@@ -1,0 +1,31 @@
+"""The chaos run's evidence of a break: the small files of the real trainers' pods only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.chaos.evidence import copy_pod_files
+
+
+def test_copies_the_logs_and_pids_of_the_real_trainers_pods_only(tmp_path: Path) -> None:
+    state, out = tmp_path / "state", tmp_path / "out"
+    out.mkdir()
+    real_pod = state / "chaos-1_real3-7"
+    other_pod = state / "chaos-1_k0001-2"
+    other_ns = state / "chaos-2_real3-1"
+    for folder in (real_pod, other_pod, other_ns):
+        (folder / "volumes" / "checkpoints").mkdir(parents=True)
+        (folder / "trainer.log").write_text("step 44\n")
+        (folder / "volumes" / "checkpoints" / "model.safetensors").write_bytes(b"w" * 64)
+    (real_pod / "trainer.pid").write_text("4242")
+    (real_pod / "restore.termination-log").write_text("verified\n")
+
+    notes = copy_pod_files(state, "chaos-1", ["real3"], out)
+
+    assert notes == []
+    kept = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert kept == [
+        "real3-7/restore.termination-log",
+        "real3-7/trainer.log",
+        "real3-7/trainer.pid",
+    ]
