@@ -119,7 +119,9 @@ def version(obj: Any) -> str:
 
 class Resumable:
     """A watch that resumes from the last resource version it saw, so an API server restart
-    loses no event; a 410 (history compacted) lists again and is counted as a gap."""
+    loses no event; a 410 (history compacted) lists again and is counted as a gap. A list
+    calls ``handle`` for each item as ADDED, then ``listed`` with them all: an object deleted
+    during the gap has no DELETED event, only its absence from the list."""
 
     def __init__(
         self,
@@ -128,9 +130,11 @@ class Resumable:
         handle: Callable[[str, Any], None],
         stop: threading.Event,
         deadline: float,
+        listed: Callable[[list[Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
         self.name, self.list_fn, self.handle, self.kwargs = name, list_fn, handle, kwargs
+        self.listed = listed
         self.stop, self.deadline = stop, deadline
         self.gaps = self.reconnects = 0
         self.errors: Counter[str] = Counter()  # why it reconnected, by exception type
@@ -144,6 +148,8 @@ class Resumable:
                     listed = self.list_fn(**self.kwargs)
                     for item in items(listed):
                         self.handle("ADDED", item)
+                    if self.listed is not None:
+                        self.listed(items(listed))
                     rv = version(listed)
                 for ev in watch.Watch().stream(
                     self.list_fn, resource_version=rv, timeout_seconds=15, **self.kwargs
@@ -221,9 +227,15 @@ class Observer:
         self.stop = threading.Event()
         self.watches = [
             Resumable(
-                "pods", core.list_namespaced_pod, self._pod, self.stop, deadline, namespace=ns
+                "pods",
+                core.list_namespaced_pod,
+                self._pod,
+                self.stop,
+                deadline,
+                self._pods_listed,
+                namespace=ns,
             ),
-            Resumable("nodes", core.list_node, self._node, self.stop, deadline),
+            Resumable("nodes", core.list_node, self._node, self.stop, deadline, self._nodes_listed),
             Resumable(
                 "runs",
                 custom.list_namespaced_custom_object,
@@ -293,6 +305,25 @@ class Observer:
                     led.resumed.append((view.run, view.attempt, view.resume_step))
             led.pods[uid] = view
             led.seen[uid] = view
+
+    def _pods_listed(self, pods: list[Any]) -> None:
+        """A pod seen before but not in a new list was deleted while the watch was down: it
+        no longer runs, so it no longer counts as a live older attempt."""
+        uids = {p.metadata.uid for p in pods}
+        led = self.ledger
+        with led.lock:
+            for uid in [u for u in led.pods if u not in uids]:
+                led.seen[uid] = led.pods.pop(uid)
+                led.checks["pods gone while a watch was down"] += 1
+
+    def _nodes_listed(self, nodes: list[Any]) -> None:
+        """A node seen before but not in a new list was deleted while the watch was down."""
+        names = {n.metadata.name for n in nodes}
+        led = self.ledger
+        with led.lock:
+            for name in [n for n in led.node_ready if n not in names and led.node_ready[n]]:
+                led.node_ready[name] = False
+                led.node_faulted[name] = led.now()
 
     def _node(self, kind: str, node: Any) -> None:
         led = self.ledger

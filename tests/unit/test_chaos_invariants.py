@@ -112,6 +112,34 @@ def test_a_new_attempt_beside_a_live_one_breaks(
     assert judged(o) == (["one-live-attempt"] if broken else [])
 
 
+@pytest.mark.parametrize("gone_in_the_gap", [True, False], ids=["deleted", "still-there"])
+def test_a_pod_deleted_while_the_watch_was_down_is_not_live_after_the_next_list(
+    gone_in_the_gap: bool,
+) -> None:
+    """An API server restart can compact the watch's history (410): the pod's DELETED event is
+    never seen, only its absence from the list that follows."""
+    o = observer()
+    o._node("ADDED", node("n1", True))
+    o._pod("ADDED", pod("r-1", "u1"))
+    listed = [] if gone_in_the_gap else [pod("r-1", "u1")]
+    for p in listed:
+        o._pod("ADDED", p)
+    o._pods_listed(listed)
+    o._pod("ADDED", pod("r-2", "u2", node="n2"))
+    assert judged(o) == ([] if gone_in_the_gap else ["one-live-attempt"])
+
+
+def test_a_node_deleted_while_the_watch_was_down_counts_as_a_node_fault() -> None:
+    o = observer()
+    o._node("ADDED", node("n1", True))
+    o._node("ADDED", node("n2", True))
+    o._pod("ADDED", pod("r-1", "u1"))
+    o._nodes_listed([node("n2", True)])
+    o._pod("ADDED", pod("r-2", "u2", node="n2"))
+    assert o.ledger.node_ready == {"n1": False, "n2": True}
+    assert judged(o) == []
+
+
 def test_a_committed_object_that_changes_breaks() -> None:
     o = observer()
     o._object("run/checkpoints/c-10/e1/r0/model.bin", '"a"', 10)
