@@ -288,6 +288,7 @@ class Injector:
                 return False
             node = self.rng.choice(free)
             self.busy_nodes.add(node)
+        self.target.name = node
         try:
             self.fleet.core.delete_node(node)
             time.sleep(self.rng.uniform(15, 30))

@@ -40,7 +40,7 @@ INVARIANTS = {
     "budget has spent it",
     "weights": "each real trainer ends with its uninterrupted run's weights, bitwise",
     "memory-flat": "the leading operator's RSS in the last minute is within 10% of its first "
-    "settled minute's",
+    "settled minute's (the first of the settle period, after the faults)",
 }
 
 # A node seen NotReady or gone this long before (or shortly after) a new attempt's pod

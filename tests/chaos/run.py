@@ -54,7 +54,7 @@ class Config:
     seed: int = 20261126
     runs_per_node: int = 20
     kill_until: float = 0.6  # operator SIGKILLs in this first fraction of the fault window
-    memory_window_s: float = 60.0  # the final leader's first settled and last windows
+    memory_window_s: float = 60.0  # the settle period's first and last, the final leader's
     real_share: float = 0.3  # of the pod faults, the share aimed at the real trainers
 
 
@@ -269,7 +269,8 @@ def run(cfg: Config, work: Path | None = None) -> dict[str, Any]:
         report["resume_forced"] = ensure_a_resume(setup, observer, real)
         while len([op for op in setup.replicas if op.alive()]) < 2:
             setup.replicas.append(setup.replica())
-        settle_until = time.monotonic() + cfg.settle_s
+        # the memory check compares the settle period's first and last windows
+        settle_until = time.monotonic() + max(cfg.settle_s, 2 * cfg.memory_window_s + 5)
         finish_by = time.monotonic() + cfg.finish_timeout_s
         ended = False
         while time.monotonic() < finish_by:
@@ -401,9 +402,12 @@ def final_checks(
     return {"phases": phases, "real": endings}
 
 
-def memory_check(led: Ledger, end: float, window: float) -> dict[str, Any]:
+def memory_check(led: Ledger, end: float, window: float, settled_from: float) -> dict[str, Any]:
     """The final leader's RSS: the median of its last ``window`` seconds against that of its
-    first settled window (its second as leader)."""
+    first settled window, the first of the settle period (``settled_from``: the faults over),
+    or its second as leader when it took over later. A step up during the faults (a burst's
+    high-water mark, the heap kept) is reported, not judged: a leak keeps growing after them.
+    """
     leading = [m for m in led.memory if m[3]]
     if not leading:
         led.broke("memory-flat", "no leader was ever sampled")
@@ -411,11 +415,20 @@ def memory_check(led: Ledger, end: float, window: float) -> dict[str, Any]:
     pid = leading[-1][1]
     mine = [m for m in leading if m[1] == pid]
     since = mine[0][0]
-    first = [m[2] for m in mine if since + window <= m[0] < since + 2 * window]
+    start = max(settled_from, since + window)
+    first = [m[2] for m in mine if start <= m[0] < start + window]
     last = [m[2] for m in mine if m[0] >= end - window]
-    result = {"pid": pid, "led_from_s": since, "led_for_s": round(end - since)}
-    if not first or not last or end - since < 3 * window:
-        led.broke("memory-flat", f"the final leader led {end - since:.0f} s: too short to judge")
+    led_second = [m[2] for m in mine if since + window <= m[0] < since + 2 * window]
+    result: dict[str, Any] = {
+        "pid": pid,
+        "led_from_s": since,
+        "led_for_s": round(end - since),
+        "settled_from_s": round(start),
+    }
+    if led_second:
+        result["second_minute_led_mb"] = round(median(led_second), 1)
+    if not first or not last or end - start < 2 * window:
+        led.broke("memory-flat", f"settled {end - start:.0f} s under the final leader: too short")
         return result
     result.update(first_minute_mb=round(median(first), 1), last_minute_mb=round(median(last), 1))
     led.checks["memory judged"] += 1
@@ -434,7 +447,7 @@ def summary(
     observer: Observer,
 ) -> dict[str, Any]:
     end = led.now()
-    memory = memory_check(led, end, window)
+    memory = memory_check(led, end, window, faults_to)
     by_half_minute: dict[int, float] = {}
     for t, _, rss, leads in led.memory:
         if leads:

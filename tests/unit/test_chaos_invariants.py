@@ -161,13 +161,31 @@ def test_a_resume_step_is_recorded_for_the_end_check() -> None:
 def test_memory_that_grows_over_10_percent_breaks(last_mb: float, broken: bool) -> None:
     led = Ledger(0.0)
     led.memory = [(float(t), 7, 100.0 if t < 200 else last_mb, True) for t in range(0, 300, 5)]
-    result = memory_check(led, 300.0, 60.0)
+    result = memory_check(led, 300.0, 60.0, settled_from=100.0)
     assert result["first_minute_mb"] == 100.0
     assert [b.invariant for b in led.breaks] == (["memory-flat"] if broken else [])
 
 
-def test_a_leader_that_led_too_short_to_judge_is_a_break_not_a_pass() -> None:
+def test_a_step_up_during_the_faults_is_reported_and_growth_after_them_judged() -> None:
+    """A burst during the faults leaves a higher plateau (the heap kept): reported as the
+    leader's second minute; only what grows in the settle period breaks."""
+    led = Ledger(0.0)
+    led.memory = [(float(t), 7, 100.0 if t < 150 else 115.0, True) for t in range(0, 400, 5)]
+    result = memory_check(led, 400.0, 60.0, settled_from=200.0)
+    assert (result["second_minute_led_mb"], result["first_minute_mb"]) == (100.0, 115.0)
+    assert led.breaks == []
+    led.memory += [(float(t), 7, 130.0, True) for t in range(400, 500, 5)]
+    memory_check(led, 500.0, 60.0, settled_from=200.0)
+    assert [b.invariant for b in led.breaks] == ["memory-flat"]
+
+
+def test_a_leader_that_took_over_in_the_settle_period_is_judged_from_its_second_minute() -> None:
     led = Ledger(0.0)
     led.memory = [(float(t), 7, 100.0, t >= 250) for t in range(0, 300, 5)]
-    memory_check(led, 300.0, 60.0)
-    assert [b.invariant for b in led.breaks] == ["memory-flat"]
+    memory_check(led, 300.0, 60.0, settled_from=100.0)
+    assert [b.invariant for b in led.breaks] == ["memory-flat"]  # 50 s settled: too short
+    led = Ledger(0.0)
+    led.memory = [(float(t), 7, 100.0 if t < 400 else 120.0, t >= 250) for t in range(0, 500, 5)]
+    result = memory_check(led, 500.0, 60.0, settled_from=100.0)
+    assert result["settled_from_s"] == 310
+    assert [b.invariant for b in led.breaks] == ["memory-flat"]  # 100 -> 120 MB
