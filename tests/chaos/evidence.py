@@ -1,7 +1,8 @@
 """What a chaos run keeps when an invariant broke, before it deletes its namespace and stops its
-pod runners: the real trainers' runs and pods as the API shows them, every container log and
-exit file of their pods on the runner nodes, and the runners' own logs. Kept under the run's
-work folder (``evidence/``), so a break can be explained after the run."""
+pod runners: the real trainers' runs and pods as the API shows them, the container logs,
+termination logs and pid files of their pods on the runner nodes, the runners' own logs, and
+the processes still running. Kept under the run's work folder (``evidence/``), so a break can
+be explained after the run."""
 
 from __future__ import annotations
 
@@ -85,5 +86,4 @@ def copy_pod_files(state_dir: Path, ns: str, real: list[str], out: Path) -> list
 
 def summary(out: Path) -> dict[str, Any]:
     """Where the evidence is and what it holds, for the report."""
-    files = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
-    return {"folder": str(out), "files": len(files)}
+    return {"folder": str(out), "files": sum(1 for p in out.rglob("*") if p.is_file())}
