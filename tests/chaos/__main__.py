@@ -60,7 +60,8 @@ def markdown(report: dict[str, Any], argv: list[str], label: str = "") -> str:
     checks = ", ".join(f"{k} {v}" for k, v in sorted(report["checks"].items()))
     memory = report["memory"]
     watches = "; ".join(
-        f"{name} reconnected {w['reconnects']} times ({w['gaps']} after a 410)"
+        f"{name} reconnected {w['reconnects']} times ({w['gaps']} after a 410, "
+        f"{w.get('vanished', 0)} deleted meanwhile)"
         for name, w in report["watches"].items()
     )
     rss = ", ".join(

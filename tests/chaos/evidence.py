@@ -34,7 +34,7 @@ def keep(
     for what it cannot read (the API server down, a folder gone): it notes it instead."""
     out.mkdir(parents=True, exist_ok=True)
     notes: list[str] = []
-    sanitize = client.ApiClient().sanitize_for_serialization
+    sanitize = core.api_client.sanitize_for_serialization
     try:
         runs = custom.list_namespaced_custom_object(api.GROUP, api.VERSION, ns, api.PLURAL)
         kept = [r for r in runs["items"] if r["metadata"]["name"] in real]

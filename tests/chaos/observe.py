@@ -110,6 +110,13 @@ def items(listed: Any) -> list[Any]:
     return list(listed["items"] if isinstance(listed, dict) else listed.items)
 
 
+def uid(obj: Any) -> str:
+    """The uid of an object, model or dict."""
+    if isinstance(obj, dict):
+        return str(obj["metadata"]["uid"])
+    return str(obj.metadata.uid)
+
+
 def version(obj: Any) -> str:
     """The resource version of an object or list, model or dict."""
     if isinstance(obj, dict):
@@ -119,9 +126,10 @@ def version(obj: Any) -> str:
 
 class Resumable:
     """A watch that resumes from the last resource version it saw, so an API server restart
-    loses no event; a 410 (history compacted) lists again and is counted as a gap. A list
-    calls ``handle`` for each item as ADDED, then ``listed`` with them all: an object deleted
-    during the gap has no DELETED event, only its absence from the list."""
+    loses no event; a 410 (history compacted) lists again and is counted as a gap. An object
+    deleted during the gap has no DELETED event, only its absence from that list: it is handed
+    over as DELETED (its last state), before the listed ones as ADDED, and counted as
+    vanished."""
 
     def __init__(
         self,
@@ -130,27 +138,41 @@ class Resumable:
         handle: Callable[[str, Any], None],
         stop: threading.Event,
         deadline: float,
-        listed: Callable[[list[Any]], None] | None = None,
         **kwargs: Any,
     ) -> None:
         self.name, self.list_fn, self.handle, self.kwargs = name, list_fn, handle, kwargs
-        self.listed = listed
         self.stop, self.deadline = stop, deadline
-        self.gaps = self.reconnects = 0
+        self.gaps = self.reconnects = self.vanished = 0
         self.errors: Counter[str] = Counter()  # why it reconnected, by exception type
+        self.known: dict[str, Any] = {}  # by uid, the last state of each object that exists
         self.thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{name}")
+
+    def deliver(self, kind: str, obj: Any) -> None:
+        if kind == "DELETED":
+            self.known.pop(uid(obj), None)
+        else:
+            self.known[uid(obj)] = obj
+        self.handle(kind, obj)
+
+    def relist(self) -> str:
+        """Lists, hands over what vanished since the last look and what is there; returns the
+        list's resource version."""
+        listed = self.list_fn(**self.kwargs)
+        found = items(listed)
+        there = {uid(obj) for obj in found}
+        for gone in [obj for key, obj in self.known.items() if key not in there]:
+            self.vanished += 1
+            self.deliver("DELETED", gone)
+        for obj in found:
+            self.deliver("ADDED", obj)
+        return version(listed)
 
     def _run(self) -> None:
         rv: str | None = None
         while not self.stop.is_set() and time.monotonic() < self.deadline:
             try:
                 if rv is None:
-                    listed = self.list_fn(**self.kwargs)
-                    for item in items(listed):
-                        self.handle("ADDED", item)
-                    if self.listed is not None:
-                        self.listed(items(listed))
-                    rv = version(listed)
+                    rv = self.relist()
                 for ev in watch.Watch().stream(
                     self.list_fn, resource_version=rv, timeout_seconds=15, **self.kwargs
                 ):
@@ -159,7 +181,7 @@ class Resumable:
                         code = obj.get("code", 500) if isinstance(obj, dict) else obj.code
                         raise client.ApiException(status=code or 500)
                     rv = version(obj)
-                    self.handle(ev["type"], obj)
+                    self.deliver(ev["type"], obj)
                     if self.stop.is_set():
                         return
             except client.ApiException as e:
@@ -227,15 +249,9 @@ class Observer:
         self.stop = threading.Event()
         self.watches = [
             Resumable(
-                "pods",
-                core.list_namespaced_pod,
-                self._pod,
-                self.stop,
-                deadline,
-                self._pods_listed,
-                namespace=ns,
+                "pods", core.list_namespaced_pod, self._pod, self.stop, deadline, namespace=ns
             ),
-            Resumable("nodes", core.list_node, self._node, self.stop, deadline, self._nodes_listed),
+            Resumable("nodes", core.list_node, self._node, self.stop, deadline),
             Resumable(
                 "runs",
                 custom.list_namespaced_custom_object,
@@ -305,25 +321,6 @@ class Observer:
                     led.resumed.append((view.run, view.attempt, view.resume_step))
             led.pods[uid] = view
             led.seen[uid] = view
-
-    def _pods_listed(self, pods: list[Any]) -> None:
-        """A pod seen before but not in a new list was deleted while the watch was down: it
-        no longer runs, so it no longer counts as a live older attempt."""
-        uids = {p.metadata.uid for p in pods}
-        led = self.ledger
-        with led.lock:
-            for uid in [u for u in led.pods if u not in uids]:
-                led.seen[uid] = led.pods.pop(uid)
-                led.checks["pods gone while a watch was down"] += 1
-
-    def _nodes_listed(self, nodes: list[Any]) -> None:
-        """A node seen before but not in a new list was deleted while the watch was down."""
-        names = {n.metadata.name for n in nodes}
-        led = self.ledger
-        with led.lock:
-            for name in [n for n in led.node_ready if n not in names and led.node_ready[n]]:
-                led.node_ready[name] = False
-                led.node_faulted[name] = led.now()
 
     def _node(self, kind: str, node: Any) -> None:
         led = self.ledger

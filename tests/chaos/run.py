@@ -466,7 +466,12 @@ def summary(
         "memory": memory,
         "leader_rss_mb_by_30s": [[k * 30, round(v, 1)] for k, v in sorted(by_half_minute.items())],
         "watches": {
-            w.name: {"reconnects": w.reconnects, "gaps": w.gaps, "why": dict(w.errors)}
+            w.name: {
+                "reconnects": w.reconnects,
+                "gaps": w.gaps,
+                "vanished": w.vanished,
+                "why": dict(w.errors),
+            }
             for w in observer.watches
         },
         **final,

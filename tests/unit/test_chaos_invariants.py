@@ -4,13 +4,14 @@ No threads, no cluster: the handlers are called as the watches would call them."
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 from kubernetes import client
 
-from tests.chaos.observe import JUDGE_DELAY_S, Ledger, Observer
+from tests.chaos.observe import JUDGE_DELAY_S, Ledger, Observer, Resumable
 from tests.chaos.run import memory_check
 from trainingrun.contract import ANNOTATION_RESUME_STEP, LABEL_ATTEMPT, LABEL_RUN
 
@@ -64,7 +65,8 @@ def pod(
 def node(name: str, ready: bool) -> client.V1Node:
     condition = client.V1NodeCondition(type="Ready", status="True" if ready else "False")
     return client.V1Node(
-        metadata=client.V1ObjectMeta(name=name), status=client.V1NodeStatus(conditions=[condition])
+        metadata=client.V1ObjectMeta(name=name, uid=f"uid-{name}"),
+        status=client.V1NodeStatus(conditions=[condition]),
     )
 
 
@@ -112,6 +114,16 @@ def test_a_new_attempt_beside_a_live_one_breaks(
     assert judged(o) == (["one-live-attempt"] if broken else [])
 
 
+def watch(o: Observer, name: str) -> Resumable:
+    return next(w for w in o.watches if w.name == name)
+
+
+def listing(objects: list[Any]) -> Callable[..., Any]:
+    """A list call answering ``objects`` (as the list after a 410 would)."""
+    meta = client.V1ListMeta(resource_version="9")
+    return lambda **_: SimpleNamespace(items=objects, metadata=meta)
+
+
 @pytest.mark.parametrize("gone_in_the_gap", [True, False], ids=["deleted", "still-there"])
 def test_a_pod_deleted_while_the_watch_was_down_is_not_live_after_the_next_list(
     gone_in_the_gap: bool,
@@ -119,22 +131,24 @@ def test_a_pod_deleted_while_the_watch_was_down_is_not_live_after_the_next_list(
     """An API server restart can compact the watch's history (410): the pod's DELETED event is
     never seen, only its absence from the list that follows."""
     o = observer()
+    pods = watch(o, "pods")
     o._node("ADDED", node("n1", True))
-    o._pod("ADDED", pod("r-1", "u1"))
-    listed = [] if gone_in_the_gap else [pod("r-1", "u1")]
-    for p in listed:
-        o._pod("ADDED", p)
-    o._pods_listed(listed)
-    o._pod("ADDED", pod("r-2", "u2", node="n2"))
+    pods.deliver("ADDED", pod("r-1", "u1"))
+    pods.list_fn = listing([] if gone_in_the_gap else [pod("r-1", "u1")])
+    assert pods.relist() == "9"
+    assert pods.vanished == (1 if gone_in_the_gap else 0)
+    pods.deliver("ADDED", pod("r-2", "u2", node="n2"))
     assert judged(o) == ([] if gone_in_the_gap else ["one-live-attempt"])
 
 
 def test_a_node_deleted_while_the_watch_was_down_counts_as_a_node_fault() -> None:
     o = observer()
-    o._node("ADDED", node("n1", True))
-    o._node("ADDED", node("n2", True))
+    nodes = watch(o, "nodes")
+    nodes.deliver("ADDED", node("n1", True))
+    nodes.deliver("ADDED", node("n2", True))
     o._pod("ADDED", pod("r-1", "u1"))
-    o._nodes_listed([node("n2", True)])
+    nodes.list_fn = listing([node("n2", True)])
+    nodes.relist()
     o._pod("ADDED", pod("r-2", "u2", node="n2"))
     assert o.ledger.node_ready == {"n1": False, "n2": True}
     assert judged(o) == []
