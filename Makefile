@@ -6,6 +6,8 @@ SHELL := bash
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+# Disk the virtualenv needs while it installs (its size and pip's unpacked wheels).
+VENV_GIB ?= 8
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
@@ -34,6 +36,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
 		"Python >= 3.11 is needed; set PYTHON=/path/to/python3.11")'
 	rm -rf $(VENV)
+	@$(PYTHON) -c 'import shutil, sys; free = shutil.disk_usage(".").free / 2**30; \
+		need = "$(VENV_GIB) GiB: free some space and run make again"; \
+		sys.exit(0 if free >= $(VENV_GIB) else f"{free:.1f} GiB free here; .venv needs {need}")'
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[dev,hf]'
