@@ -277,12 +277,17 @@ class PodWorker:
         """A terminal pod stays until it is deleted; then it goes, with grace 0."""
         while not self.stop_requested():
             self._tick(1.0)
-        while self.deleting and not (self.gone or self.shutdown or self.ctx.link.wait_up(1.0)):
-            pass  # the final write and delete wait for the link, unless news of the end comes
-        if self.deleting and not self.gone and self.ctx.link.up:
+        # The final write and delete wait for the link and the API server, unless news of the
+        # end comes: a delete lost to an API server restart is sent again, as a kubelet does.
+        while self.deleting and not (self.gone or self.shutdown):
+            if not self.ctx.link.wait_up(1.0):
+                continue
             self._write_status()
-            self.api.delete()
-            log.info("pod %s/%s: deleted", self.namespace, self.name)
+            if self.api.delete():
+                log.info("pod %s/%s: deleted", self.namespace, self.name)
+                break
+            self._wake.wait(1.0)
+            self._wake.clear()
         if self.deleting or self.gone:
             shutil.rmtree(self.dir / "volumes", ignore_errors=True)
 

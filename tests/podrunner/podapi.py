@@ -52,10 +52,19 @@ class PodApi:
                 found = dict(self.core.read_namespaced_config_map(name, namespace).data or {})
         except ApiException as e:
             if e.status != 404:
-                raise
+                return self._cached(key, f"{kind} {namespace}/{name}: {e.status} {e.reason}")
             found = None
+        except Exception as e:  # the API server briefly away (restarted): as a link cut
+            return self._cached(key, f"{kind} {namespace}/{name}: {UNREACHABLE} ({e})")
         self._looked_up[key] = found
         return found
+
+    def _cached(self, key: tuple[str, str, str], problem: str) -> dict[str, str] | None:
+        """What was looked up before under ``key``, as a kubelet serves its cache; else a
+        ConfigError naming ``problem`` (the container waits, and its start is tried again)."""
+        if key in self._looked_up:
+            return self._looked_up[key]
+        raise ConfigError(problem)
 
     def token(self, source: dict[str, Any], pod: dict[str, Any]) -> str:
         """A token of the pod's service account from the TokenRequest API, bound to the pod."""
@@ -77,6 +86,8 @@ class PodApi:
             )
         except ApiException as e:
             raise ConfigError(f"token of service account {account}: {e.reason}") from e
+        except Exception as e:  # the API server briefly away: the start is tried again
+            raise ConfigError(f"token of service account {account}: {UNREACHABLE} ({e})") from e
         return str(answer.status.token)
 
     def write_status(self, status: dict[str, Any]) -> bool:
@@ -97,8 +108,9 @@ class PodApi:
             return False
         return True
 
-    def delete(self) -> None:
-        """The final delete with grace 0, of this pod only (its uid); gone already is fine."""
+    def delete(self) -> bool:
+        """The final delete with grace 0, of this pod only (its uid); gone already is fine.
+        False when the API server did not take it (the caller tries again)."""
         try:
             self.core.delete_namespaced_pod(
                 self.name,
@@ -110,4 +122,9 @@ class PodApi:
             )
         except ApiException as e:
             if e.status not in (404, 409):
-                raise
+                log.warning("pod %s/%s: not deleted: %s", self.namespace, self.name, e.reason)
+                return False
+        except Exception as e:  # the API server briefly away (restarted)
+            log.warning("pod %s/%s: not deleted: %s", self.namespace, self.name, e)
+            return False
+        return True
