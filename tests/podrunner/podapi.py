@@ -51,20 +51,27 @@ class PodApi:
             else:
                 found = dict(self.core.read_namespaced_config_map(name, namespace).data or {})
         except ApiException as e:
-            if e.status != 404:
-                return self._cached(key, f"{kind} {namespace}/{name}: {e.status} {e.reason}")
-            found = None
-        except Exception as e:  # the API server briefly away (restarted): as a link cut
-            return self._cached(key, f"{kind} {namespace}/{name}: {UNREACHABLE} ({e})")
+            if e.status == 404:
+                found = None
+            elif e.status == 429 or e.status >= 500:
+                return self._cached(key, f"{e.status} {e.reason}")
+            else:
+                raise ConfigError(f"{kind} {namespace}/{name}: {e.status} {e.reason}") from e
+        except Exception as e:  # the API server briefly away (restarted)
+            return self._cached(key, f"{UNREACHABLE} ({e})")
         self._looked_up[key] = found
         return found
 
     def _cached(self, key: tuple[str, str, str], problem: str) -> dict[str, str] | None:
         """What was looked up before under ``key``, as a kubelet serves its cache; else a
-        ConfigError naming ``problem`` (the container waits, and its start is tried again)."""
+        ConfigError in the kubelet's words for a cache it could not fill (the container waits
+        with CreateContainerConfigError, and its start is tried again)."""
         if key in self._looked_up:
             return self._looked_up[key]
-        raise ConfigError(problem)
+        kind, namespace, name = key
+        raise ConfigError(
+            f"failed to sync {kind.lower()} cache: {kind} {namespace}/{name}: {problem}"
+        )
 
     def token(self, source: dict[str, Any], pod: dict[str, Any]) -> str:
         """A token of the pod's service account from the TokenRequest API, bound to the pod."""

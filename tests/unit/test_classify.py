@@ -637,6 +637,27 @@ CASES = [
         ),
         id="missing-secret-is-permanent-at-once",
     ),
+    *[
+        pytest.param(
+            Case(
+                make_pod()
+                .scheduled(_ago(age))
+                .waiting(
+                    "CreateContainerConfigError",
+                    container=container,
+                    message=f"failed to sync {kind} cache: timed out waiting for the condition",
+                )
+                .build(),
+                End.NOT_ENDED,
+                "ContainerConfigRetrying",
+                ready_node,
+                message_has=f"container {container}: failed to sync {kind} cache",
+            ),
+            id=f"{container}-{kind}-cache-not-synced-{age}s-after-scheduling-waits",
+        )
+        for kind, container in (("secret", SYNC_CONTAINER), ("configmap", "trainer"))
+        for age in (10, 3600)
+    ],
     pytest.param(
         Case(
             make_pod().created(_ago(10)).waiting("ErrImagePull").build(),

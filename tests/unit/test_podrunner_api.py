@@ -56,7 +56,7 @@ def worker() -> tuple[PodApi, Core]:
 def test_a_lookup_while_the_api_server_is_away(failure: BaseException) -> None:
     api, core = worker()
     core.fail = failure
-    with pytest.raises(ConfigError, match="Secret ns/s"):
+    with pytest.raises(ConfigError, match="failed to sync secret cache: Secret ns/s"):
         api.lookup("Secret", "ns", "s")  # never looked up: the container waits
     core.fail = None
     assert api.lookup("Secret", "ns", "s") == {"key": "ns/s"}
@@ -68,6 +68,13 @@ def test_a_missing_secret_is_none_not_an_outage() -> None:
     api, core = worker()
     core.fail = ApiException(status=404, reason="Not Found")
     assert api.lookup("Secret", "ns", "s") is None
+
+
+def test_a_refused_lookup_is_a_config_error_of_its_own() -> None:
+    api, core = worker()
+    core.fail = ApiException(status=403, reason="Forbidden")
+    with pytest.raises(ConfigError, match=r"^Secret ns/s: 403 Forbidden$"):
+        api.lookup("Secret", "ns", "s")
 
 
 @pytest.mark.parametrize(

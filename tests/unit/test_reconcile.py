@@ -38,9 +38,9 @@ import pytest
 
 from tests.unit.builders import T0, RunBuilder, make_node, make_pod, make_run, pod_from
 from trainingrun.api import Condition, TrainingRunStatus
-from trainingrun.contract import parse_time, rfc3339
+from trainingrun.contract import SYNC_CONTAINER, parse_time, rfc3339
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import IMAGE_PULL_GRACE_SECONDS
+from trainingrun.decide.classify import CONFIG_CACHE_RECHECK_SECONDS, IMAGE_PULL_GRACE_SECONDS
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
 from trainingrun.decide.reasons import FAILED, RUNNING, SUCCEEDED
@@ -296,6 +296,27 @@ def test_image_pull_error_is_retried_then_fails_the_run_once_the_grace_is_spent(
     assert p.status.phase == PHASE_FAILED
     assert p.status.reason == "ImagePullBackOff"
     assert p.delete_pods == ("r1-1",)
+
+
+def test_a_kubelet_cache_not_synced_keeps_the_run_running_then_gives_the_start_back() -> None:
+    d, pod = _launched(make_run("r1"))
+    d.advance(600)  # long after the pod was scheduled: no grace runs out, it only waits
+    waiting = pod_from(pod).scheduled(rfc3339(d.now - timedelta(seconds=600)))
+    words = "failed to sync secret cache: timed out waiting for the condition"
+    waiting = waiting.waiting("CreateContainerConfigError", container=SYNC_CONTAINER, message=words)
+
+    p = d.pass_(waiting.build(), node=make_node().build())
+
+    assert p.status.phase == PHASE_RUNNING
+    assert p.status.reason == "ContainerConfigRetrying"
+    assert words in p.status.message and "the kubelet retries" in p.status.message
+    assert (p.create_attempt, p.delete_pods, p.events) == (None, (), [])
+    assert p.requeue_after == CONFIG_CACHE_RECHECK_SECONDS + 1
+
+    p = d.pass_(pod_from(pod).running(since=rfc3339(d.now)).build(), node=make_node().build())
+
+    assert p.status.reason == "Started"
+    assert p.status.phase == PHASE_RUNNING
 
 
 def test_image_pull_that_goes_through_gives_the_start_back_its_reason() -> None:

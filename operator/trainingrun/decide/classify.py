@@ -13,6 +13,7 @@
 | the operator's restore beside the trainer exited non-zero     | Failed        |
 | image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
+| the kubelet's Secret/ConfigMap cache not filled in time        | not ended     |
 
 The restore's exit codes (checkpoint-bad, insufficient-disk) count only from the restore the
 operator added: the container ``RESTORE_CONTAINER`` (init, or beside the trainer) of a pod that
@@ -58,6 +59,12 @@ PERMANENT_WAITING_REASONS = frozenset(
 # scheduled: about five pulls.
 IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 IMAGE_PULL_GRACE_SECONDS = 300
+# CreateContainerConfigError with these words is the kubelet's Secret or ConfigMap cache not
+# filled in time (an API server restart, a slow watch), not a missing object or key: the
+# kubelet tries again on its own and the container starts once it is filled, so it never ends
+# the run. The run shows it, looked at again every CONFIG_CACHE_RECHECK_SECONDS.
+CONFIG_CACHE_NOT_SYNCED = ("failed to sync secret cache", "failed to sync configmap cache")
+CONFIG_CACHE_RECHECK_SECONDS = 30
 # The longest message taken from a container or pod status, marker included: enough for an
 # error and its cause, short enough for a status field and an Event.
 MESSAGE_MAX = 1024
@@ -313,13 +320,23 @@ def _disrupted(pod: Mapping[str, Any], stopping: bool) -> Outcome | None:
 
 def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
     """A container the kubelet cannot start (bad image, missing Secret or ConfigMap): a
-    permanent end, except an image pull, which gets ``IMAGE_PULL_GRACE_SECONDS`` of retries."""
+    permanent end, except an image pull, which gets ``IMAGE_PULL_GRACE_SECONDS`` of retries,
+    and the kubelet's cache of a Secret or ConfigMap not filled yet, which waits."""
     for s in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
         waiting = (s.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") not in PERMANENT_WAITING_REASONS:
             continue
         detail = _message(waiting, str(waiting["reason"]))
         message = f"container {s.get('name')}: {detail}"
+        if waiting["reason"] == "CreateContainerConfigError" and any(
+            words in detail for words in CONFIG_CACHE_NOT_SYNCED
+        ):
+            return Outcome(
+                End.NOT_ENDED,
+                R.CONTAINER_CONFIG_RETRYING,
+                f"{message} (the kubelet retries until it can read it)",
+                decide_at=now + timedelta(seconds=CONFIG_CACHE_RECHECK_SECONDS),
+            )
         since = _scheduled_at(pod)
         if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
             deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)

@@ -90,6 +90,8 @@ POD_FAILED = "PodFailed"
 TERMINATING = "Terminating"  # stopping after a disruption: saving first
 FINISHING = "Finishing"  # the trainer exited 0: the sidecar commits the last checkpoint
 IMAGE_PULL_RETRYING = "ImagePullRetrying"
+# The kubelet could not fill its Secret or ConfigMap cache in time (decide.classify)
+CONTAINER_CONFIG_RETRYING = "ContainerConfigRetrying"
 GANG_SCHEDULING = "GangScheduling"  # some pods of a gang wait to be scheduled
 GANG_NOT_SCHEDULED = "GangNotScheduled"  # ... longer than spec.gang.startTimeoutSeconds
 

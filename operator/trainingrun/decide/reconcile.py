@@ -183,7 +183,7 @@ def _running(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current
         resume_step=resume if resume is not None else status.resume_step,
         next_attempt_time=None,
     )
-    if outcome.decide_at is not None:  # an image pull retried, a gang member unscheduled
+    if outcome.decide_at is not None:  # a pull or a config retried, a gang member unscheduled
         new = new.model_copy(update={"reason": outcome.reason, "message": outcome.message})
         wait = max((outcome.decide_at - obs.now).total_seconds(), 0.0) + 1.0
         return Plan(new, requeue_after=wait)
@@ -247,7 +247,7 @@ def warns_unprotected(obs: Observed) -> bool:
 
 
 # Reasons of a running attempt that waits for something (a pass looks again at ``decide_at``).
-WAITING = frozenset({R.IMAGE_PULL_RETRYING, R.GANG_SCHEDULING})
+WAITING = frozenset({R.IMAGE_PULL_RETRYING, R.CONTAINER_CONFIG_RETRYING, R.GANG_SCHEDULING})
 
 
 def attempt_outcome(obs: Observed) -> Outcome:
