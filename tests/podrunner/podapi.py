@@ -37,9 +37,7 @@ class PodApi:
         """The data of Secret or ConfigMap ``name``; None when it does not exist."""
         key = (kind, namespace, name)
         if not self.link.up:
-            if key in self._looked_up:
-                return self._looked_up[key]
-            raise ConfigError(f"{kind} {namespace}/{name}: {UNREACHABLE}")
+            return self._cached(key, UNREACHABLE)
         found: dict[str, str] | None
         try:
             if kind == "Secret":
