@@ -286,8 +286,7 @@ class PodWorker:
             if self.api.delete():
                 log.info("pod %s/%s: deleted", self.namespace, self.name)
                 break
-            self._wake.wait(1.0)
-            self._wake.clear()
+            self._pause(1.0)
         if self.deleting or self.gone:
             shutil.rmtree(self.dir / "volumes", ignore_errors=True)
 
@@ -400,6 +399,10 @@ class PodWorker:
                 self._reap(c)
         self._sidecar_restarts()
         self._write_status()
+        self._pause(wait_s)
+
+    def _pause(self, wait_s: float) -> None:
+        """Waits ``wait_s`` seconds, or less when news of the pod comes."""
         self._wake.wait(wait_s)
         self._wake.clear()
 

@@ -50,8 +50,9 @@ from trainingrun.contract import (
 from trainingrun.decide import reasons as R
 
 PREEMPTING_POD_REASONS = frozenset({"Shutdown", "Evicted", "NodeLost", "Terminated", "Preempting"})
+CONFIG_ERROR = "CreateContainerConfigError"
 PERMANENT_WAITING_REASONS = frozenset(
-    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", "CreateContainerConfigError"}
+    {"ErrImagePull", "ImagePullBackOff", "InvalidImageName", CONFIG_ERROR}
 )
 # A pull can fail for a while and then work (a registry or network blip, a rate limit, a
 # credential that is still propagating), and the kubelet keeps retrying with a back-off that
@@ -328,7 +329,7 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
             continue
         detail = _message(waiting, str(waiting["reason"]))
         message = f"container {s.get('name')}: {detail}"
-        if waiting["reason"] == "CreateContainerConfigError" and any(
+        if waiting["reason"] == CONFIG_ERROR and any(
             words in detail for words in CONFIG_CACHE_NOT_SYNCED
         ):
             return Outcome(
