@@ -19,7 +19,9 @@ The callback:
   ``ModelCheckpoint`` saves too: the checkpoint holds the loops' position within the epoch, and a
   resume goes on with the next batch. Under torch.distributed the ranks decide together (any
   rank asked: all save and stop); every rank calls ``trainer.save_checkpoint``, as Lightning
-  requires;
+  requires. Lightning ends a SIGTERMed fit at the end of the batch, after the callbacks: in one
+  process, a SIGTERM that lands after this callback's check of a batch end is held until the
+  next batch starts, so that batch's end saves rather than the fit ending unsaved;
 - writes progress (step, max steps) for the sidecar to publish.
 
 It is a ``Checkpoint`` callback, so Lightning runs it after the other callbacks; among the
@@ -37,7 +39,10 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 from typing import Any
 
 import lightning.pytorch as pl
@@ -73,6 +78,11 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         self.finished = False  # reached max_steps
         self._marked: set[Path] = set()
         self._dirs = {self.folder}  # where saves are looked for: the checkpoint callbacks' too
+        # SIGTERM: Lightning's handler, while ours stands in front of it (one process only).
+        self._lightning_sigterm: Any = None
+        self._wrapped = False
+        self._past_check = False  # this batch end's stop check is done
+        self._held: tuple[int, FrameType | None] | None = None
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         order = trainer.callbacks
@@ -84,6 +94,45 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
                 "before it saves that step itself"
             )
         self._dirs = self._folders(trainer)  # their dirpath is resolved by now (their setup)
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        # Lightning stops a SIGTERMed fit at the end of the batch, after the callbacks: a SIGTERM
+        # that lands after this callback's stop check of that batch end would end the run
+        # without the save. Such a signal is held and handed to Lightning at the next batch's
+        # start, whose end saves. Under torch.distributed Lightning's handler talks to the
+        # other ranks, so it is left alone there.
+        if trainer.world_size == 1 and threading.current_thread() is threading.main_thread():
+            self._lightning_sigterm = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._wrapped = True
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._past_check:
+            self._held = (signum, frame)
+        else:
+            self._pass_on(signum, frame)
+
+    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
+        handler = self._lightning_sigterm
+        if callable(handler):
+            handler(signum, frame)
+
+    def _unwrap(self) -> None:
+        if self._wrapped:
+            signal.signal(signal.SIGTERM, self._lightning_sigterm)
+            self._wrapped = False
+
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
+        self._past_check = False
+        if self._held is not None:
+            held, self._held = self._held, None
+            self._pass_on(*held)
+
+    def on_exception(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException
+    ) -> None:
+        self._unwrap()
 
     def _folders(self, trainer: pl.Trainer) -> set[Path]:
         """The sidecar's folder and the checkpoint callbacks' folders within it."""
@@ -140,7 +189,10 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
     ) -> None:
         step = trainer.global_step
         self._mark_saved(trainer)
+        self._past_check = True  # a SIGTERM from here waits for the next batch (on_train_start)
         reason = self._asked(trainer)
+        if reason is None and self._held is not None:
+            reason = neutral.SIGTERM_REASON
         self.finished = trainer.max_steps > 0 and step >= trainer.max_steps
         if reason is not None and self.stop_reason is None:
             self.stop_reason = reason
@@ -174,6 +226,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         self._mark_saved(trainer)
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._unwrap()
         self._mark_saved(trainer)
         self.finished = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
         self.log_stopped(log, f"step {trainer.global_step}")

@@ -169,3 +169,51 @@ def test_lightning_callback_listed_before_modelcheckpoint_is_refused(tmp_path: P
     assert proc.returncode == 1
     assert "list it after every ModelCheckpoint" in proc.stderr
     assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("*.ckpt"))
+
+
+# The module's own on_train_batch_end runs after every callback's: a SIGTERM sent there lands
+# after TrainingRunCallback's stop check of that batch end and before Lightning's own check.
+SIGTERM_AFTER_THE_CHECK = """
+import os, signal, sys
+import lightning.pytorch as pl, torch
+from trainingrun import lightning as tr
+
+class M(pl.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Linear(2, 1)
+    def training_step(self, batch, i):
+        return self.w(batch[0]).sum()
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+    def on_train_batch_end(self, outputs, batch, i):
+        if self.trainer.global_step == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(32, 2)), batch_size=2)
+trainer = pl.Trainer(
+    max_steps=10, logger=False, enable_progress_bar=False, enable_model_summary=False,
+    callbacks=[tr.TrainingRunCallback("ck")],
+)
+sys.exit(tr.fit(trainer, M(), train_dataloaders=data))
+"""
+
+
+def test_lightning_sigterm_after_the_step_end_check_still_saves_the_next_step(
+    tmp_path: Path,
+) -> None:
+    python = stack_python("lightning")
+    env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
+    proc = subprocess.run(
+        [str(python), "-c", SIGTERM_AFTER_THE_CHECK],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT,
+        check=False,
+    )
+
+    assert proc.returncode == EXIT_STOPPED, proc.stderr[-3000:]
+    survey = local.survey(tmp_path / "ck")
+    assert [(c.step, c.marked) for c in survey.checkpoints] == [(4, True)], proc.stderr[-3000:]
