@@ -131,88 +131,81 @@ def test_resume_from_the_last_step_trains_nothing_more(stack: Stack, tmp_path: P
     assert losses(log) == {}
 
 
-LISTED_BEFORE = """
-import lightning.pytorch as pl, torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from trainingrun.lightning import TrainingRunCallback
-
-class M(pl.LightningModule):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Linear(2, 1)
-    def training_step(self, batch, i):
-        return self.w(batch[0]).sum()
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(4, 2)), batch_size=2)
-trainer = pl.Trainer(
-    max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
-    callbacks=[TrainingRunCallback("ck"), ModelCheckpoint(dirpath="ck")],
-)
-trainer.fit(M(), data)
-"""
-
-
-def test_lightning_callback_listed_before_modelcheckpoint_is_refused(tmp_path: Path) -> None:
-    python = stack_python("lightning")
-    env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
-    proc = subprocess.run(
-        [str(python), "-c", LISTED_BEFORE],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT,
-        check=False,
-    )
-    assert proc.returncode == 1
-    assert "list it after every ModelCheckpoint" in proc.stderr
-    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("*.ckpt"))
-
-
-# The module's own on_train_batch_end runs after every callback's: a SIGTERM sent there lands
-# after TrainingRunCallback's stop check of that batch end and before Lightning's own check.
-SIGTERM_AFTER_THE_CHECK = """
+# A tiny LightningModule for the scripts below; ``M`` sends itself SIGTERM at step SIGTERM_AT
+# (None: never) from its own on_train_batch_end, which Lightning runs after every callback's.
+MODULE = """
 import os, signal, sys
 import lightning.pytorch as pl, torch
-from trainingrun import lightning as tr
 
 class M(pl.LightningModule):
-    def __init__(self):
+    def __init__(self, sigterm_at=None):
         super().__init__()
         self.w = torch.nn.Linear(2, 1)
+        self.sigterm_at = sigterm_at
     def training_step(self, batch, i):
         return self.w(batch[0]).sum()
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
     def on_train_batch_end(self, outputs, batch, i):
-        if self.trainer.global_step == 3:
+        if self.trainer.global_step == self.sigterm_at:
             os.kill(os.getpid(), signal.SIGTERM)
 
-data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(32, 2)), batch_size=2)
+def data(n):
+    rows = torch.utils.data.TensorDataset(torch.ones(n, 2))
+    return torch.utils.data.DataLoader(rows, batch_size=2)
+"""
+
+LISTED_BEFORE = """
+from lightning.pytorch.callbacks import ModelCheckpoint
+from trainingrun.lightning import TrainingRunCallback
+
+trainer = pl.Trainer(
+    max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
+    callbacks=[TrainingRunCallback("ck"), ModelCheckpoint(dirpath="ck")],
+)
+trainer.fit(M(), data(4))
+"""
+
+# A SIGTERM at step 3 lands after TrainingRunCallback's stop check of that batch end and before
+# Lightning's own check.
+SIGTERM_AFTER_THE_CHECK = """
+from trainingrun import lightning as tr
+
 trainer = pl.Trainer(
     max_steps=10, logger=False, enable_progress_bar=False, enable_model_summary=False,
     callbacks=[tr.TrainingRunCallback("ck")],
 )
-sys.exit(tr.fit(trainer, M(), train_dataloaders=data))
+sys.exit(tr.fit(trainer, M(sigterm_at=3), train_dataloaders=data(32)))
 """
 
 
-def test_lightning_sigterm_after_the_step_end_check_still_saves_the_next_step(
-    tmp_path: Path,
-) -> None:
+def run_lightning(script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """MODULE then ``script``, run by the Lightning stack's python in ``cwd``."""
     python = stack_python("lightning")
     env = {**os.environ, "PYTHONPATH": str(REPO / "operator")}
-    proc = subprocess.run(
-        [str(python), "-c", SIGTERM_AFTER_THE_CHECK],
-        cwd=tmp_path,
+    return subprocess.run(
+        [str(python), "-c", MODULE + script],
+        cwd=cwd,
         env=env,
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT,
         check=False,
     )
+
+
+def test_lightning_callback_listed_before_modelcheckpoint_is_refused(tmp_path: Path) -> None:
+    proc = run_lightning(LISTED_BEFORE, tmp_path)
+
+    assert proc.returncode == 1
+    assert "list it after every ModelCheckpoint" in proc.stderr
+    assert not (tmp_path / "ck").exists() or not any((tmp_path / "ck").glob("*.ckpt"))
+
+
+def test_lightning_sigterm_after_the_step_end_check_still_saves_the_next_step(
+    tmp_path: Path,
+) -> None:
+    proc = run_lightning(SIGTERM_AFTER_THE_CHECK, tmp_path)
 
     assert proc.returncode == EXIT_STOPPED, proc.stderr[-3000:]
     survey = local.survey(tmp_path / "ck")
