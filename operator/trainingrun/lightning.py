@@ -189,7 +189,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
     ) -> None:
         step = trainer.global_step
         self._mark_saved(trainer)
-        self._past_check = True  # a SIGTERM from here waits for the next batch (on_train_start)
+        self._past_check = True  # a SIGTERM from here waits for on_train_batch_start
         reason = self._asked(trainer)
         if reason is None and self._held is not None:
             reason = neutral.SIGTERM_REASON

@@ -131,7 +131,7 @@ def test_resume_from_the_last_step_trains_nothing_more(stack: Stack, tmp_path: P
     assert losses(log) == {}
 
 
-# A tiny LightningModule for the scripts below; ``M`` sends itself SIGTERM at step SIGTERM_AT
+# A tiny LightningModule for the scripts below; ``M`` sends itself SIGTERM at step ``sigterm_at``
 # (None: never) from its own on_train_batch_end, which Lightning runs after every callback's.
 MODULE = """
 import os, signal, sys
