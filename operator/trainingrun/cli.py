@@ -139,6 +139,7 @@ def _agent_common(env: Mapping[str, str]) -> tuple[Any, Any, Any]:
     transfer = TransferSettings(
         part_size=part,
         multipart_threshold=part,
+        range_size=max(part, TransferSettings.range_size),
         concurrency=int(_number(env, c.ENV_CONCURRENCY, "16", minimum=1)),
         max_bytes_per_second=(
             _number(env, c.ENV_MAX_BANDWIDTH_MBPS, "0", minimum=0.1) * MiB if bandwidth else None

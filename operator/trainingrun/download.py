@@ -8,12 +8,23 @@ The workers, budget and cancelling are the upload's (``trainingrun.transfer``).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
+from typing import TypeVar, cast
 
 from trainingrun.checksum import Algorithm, file_digest
+from trainingrun.local import write_at
 from trainingrun.packs import Overrun, Splitter, Target
 from trainingrun.parts import STREAM_BLOCK
 from trainingrun.transfer import Progress, Transfer, VerificationFailed
+
+# Ranges of one file in flight at once. Buffered writes to one file take its inode lock one at a
+# time, so more ranges of the same file only wait (and spin) for it; the other workers take other
+# files' ranges. s5cmd's default is 5 parts of a file at once.
+RANGES_PER_FILE = 4
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 class Download(Transfer):
@@ -74,7 +85,7 @@ class Download(Transfer):
         self, key: str, path: str, size: int, expected: str, algo: Algorithm, progress: Progress
     ) -> str:
         self._check()
-        part = self.settings.part_size
+        part = self.settings.range_size
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, size)
@@ -90,7 +101,7 @@ class Download(Transfer):
                     nonlocal crc, at
                     if at + len(block) > offset + length:
                         raise VerificationFailed(f"{key}: more bytes than asked at {at}")
-                    os.pwrite(fd, block, at)
+                    write_at(fd, block, at)
                     if algo.combinable:
                         crc = algo.update(block, crc)
                     at += len(block)
@@ -106,7 +117,7 @@ class Download(Transfer):
                     )
                 return crc, length
 
-            crcs = list(self._parts.map(fetch, ranges)) if size else []
+            crcs = self._in_lanes(fetch, ranges)
         finally:
             os.close(fd)
         if algo.combinable:
@@ -119,3 +130,34 @@ class Download(Transfer):
             )
         progress.file_done()
         return actual
+
+    def _in_lanes(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
+        """``fn`` of each item, in order, at most ``RANGES_PER_FILE`` at a time on the parts'
+        workers; after a failure no lane starts another item, and the first error is raised."""
+        results: list[R | None] = [None] * len(items)
+        todo = iter(range(len(items)))
+        lock = threading.Lock()
+        failed = threading.Event()
+
+        def lane() -> None:
+            while not failed.is_set():
+                with lock:
+                    i = next(todo, None)
+                if i is None:
+                    return
+                try:
+                    results[i] = fn(items[i])
+                except BaseException:
+                    failed.set()
+                    raise
+
+        lanes = [self._parts.submit(lane) for _ in range(min(RANGES_PER_FILE, len(items)))]
+        error: BaseException | None = None
+        for done in lanes:
+            try:
+                done.result()
+            except BaseException as e:
+                error = error or e
+        if error:
+            raise error
+        return cast(list[R], results)

@@ -279,3 +279,19 @@ def write_termination_message(path: Path | None, message: str) -> None:
         path.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
     except OSError as e:
         log.warning("could not write the termination message to %s: %s", path, e)
+
+
+# Blocks are written to the file at most 512 KiB at a time. Writes of 1 MiB and more at 1 MiB
+# offsets cost 1.9-3.2 s of system time per GiB on the test machine against 0.3-0.7 s for
+# writes of 32-768 KiB (the kernel's page cache takes larger pages for them, and a page not yet
+# backed by the host's memory costs a fault there): the restore ran at half the speed
+# (tests/bench_transfer.py, docs/benchmarks.md).
+WRITE_BLOCK = 512 << 10
+
+
+def write_at(fd: int, block: bytes | memoryview, offset: int) -> None:
+    """Writes all of ``block`` at ``offset``, ``WRITE_BLOCK`` at a time."""
+    view = memoryview(block)
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done : done + WRITE_BLOCK], offset + done)

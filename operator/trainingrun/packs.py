@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainingrun.checksum import Algorithm, digest, file_digest
+from trainingrun.local import WRITE_BLOCK
 from trainingrun.manifest import PACK_DIR, is_pack_name
 
 MiB = 1 << 20
@@ -98,7 +99,7 @@ def gather(root: Path, pack: Pack, algo: Algorithm) -> tuple[bytes, dict[str, st
 
 def _write_all(fd: int, data: memoryview) -> None:
     while data.nbytes:
-        data = data[os.write(fd, data) :]
+        data = data[os.write(fd, data[:WRITE_BLOCK]) :]
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +49,18 @@ from trainingrun.storebase import (
 # loopback the restore ran at a third of the speed (tests/bench_transfer.py, docs/benchmarks.md).
 READ_BLOCK = 1 << 20
 
+# Each worker thread reads into its own buffer, kept for its next range: a fresh 1 MiB per range
+# is fresh memory for the kernel to map at first touch, 64 MiB of it per GiB restored.
+_buffers = threading.local()
+
+
+def _read_buffer(size: int) -> memoryview:
+    view: memoryview | None = getattr(_buffers, "view", None)
+    if view is None or len(view) < size:
+        view = memoryview(bytearray(size))
+        _buffers.view = view
+    return view[:size]
+
 
 def _socket_reader(body: Any) -> Any:
     """The HTTP response under botocore's StreamingBody, to ``readinto`` a buffer straight from
@@ -73,7 +86,7 @@ def _stream(body: Any, sink: Sink, chunk: int) -> int:
             sink(block)
             done += len(block)
         return done
-    view = memoryview(bytearray(min(chunk, READ_BLOCK)))
+    view = _read_buffer(min(chunk, READ_BLOCK))
     while n := reader.readinto(view):
         sink(view[:n])
         done += n

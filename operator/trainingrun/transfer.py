@@ -59,6 +59,11 @@ class TransferSettings:
     # bench_transfer.py).
     part_size: int = 16 * MiB
     multipart_threshold: int = 16 * MiB
+    # The restore's ranged GETs: half as many requests as 16 MiB ranges (each costs botocore's
+    # per-request work in Python), four of a file at a time (download.RANGES_PER_FILE). Against
+    # s5cmd on SeaweedFS on loopback, 1 GiB: 0.6-0.7x with 16 MiB ranges, 0.99-1.06x with 32 MiB
+    # (tests/bench_transfer.py, docs/benchmarks.md).
+    range_size: int = 32 * MiB
     concurrency: int = 16
     # Bytes of file data in memory at once, whatever the part size: half the sidecar's 512 MiB
     # limit, the rest for the interpreter, boto3 and the HTTP buffers.

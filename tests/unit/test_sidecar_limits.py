@@ -37,6 +37,7 @@ from trainingrun import local, parts, sync
 from trainingrun.checksum import CRC64NVME, SHA256, Algorithm, file_digest
 from trainingrun.committed import read_run_manifest
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
+from trainingrun.local import WRITE_BLOCK, write_at
 from trainingrun.parts import MAX_PARTS, ByteBudget, PartReader, plan_parts
 from trainingrun.stopsignal import StopRequest
 from trainingrun.storage import Location, S3Store, StorageAccessDenied, StorageUnavailable, Store
@@ -216,6 +217,33 @@ def test_part_reader_is_one_range_of_the_file(tmp_path: Path) -> None:
         assert reader.read() == bytes(range(26, 30))
     finally:
         os.close(fd)
+
+
+@pytest.mark.parametrize("short", [False, True], ids=["whole", "short-writes"])
+@pytest.mark.parametrize("size", [1, WRITE_BLOCK, WRITE_BLOCK + 1, 2 * WRITE_BLOCK + 3])
+def test_write_at_writes_the_whole_block_no_more_than_write_block_at_a_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, size: int, short: bool
+) -> None:
+    data = os.urandom(size)
+    offset = 3 * WRITE_BLOCK + 7
+    calls: list[tuple[int, int]] = []
+    real = os.pwrite
+
+    def pwrite(fd: int, buf: Any, at: int) -> int:
+        calls.append((len(buf), at))
+        # A short write (allowed by pwrite) is picked up where it stopped.
+        return real(fd, memoryview(buf)[: max(1, len(buf) // 2)] if short else buf, at)
+
+    monkeypatch.setattr(local.os, "pwrite", pwrite)
+    path = tmp_path / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+    try:
+        write_at(fd, memoryview(data), offset)
+    finally:
+        os.close(fd)
+    assert path.read_bytes()[offset:] == data
+    assert max(n for n, _ in calls) <= WRITE_BLOCK
+    assert len(calls) >= -(-size // WRITE_BLOCK)
 
 
 # -- access denied ---------------------------------------------------------------------------
