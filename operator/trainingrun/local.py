@@ -281,12 +281,13 @@ def write_termination_message(path: Path | None, message: str) -> None:
         log.warning("could not write the termination message to %s: %s", path, e)
 
 
-# Blocks are written to the file at most 512 KiB at a time. Writes of 1 MiB and more at 1 MiB
-# offsets cost 1.9-3.2 s of system time per GiB on the test machine against 0.3-0.7 s for
-# writes of 32-768 KiB (the kernel's page cache takes larger pages for them, and a page not yet
-# backed by the host's memory costs a fault there): the restore ran at half the speed
-# (tests/bench_transfer.py, docs/benchmarks.md).
-WRITE_BLOCK = 512 << 10
+# Blocks are written to the file at most 128 KiB at a time. On the test machine, writes of 1 MiB
+# and more cost 0.8-2.5 s of system time per GiB against 0.2 s for writes of 32-768 KiB (the
+# kernel's page cache takes larger pages for them, and pages not yet backed by the host's memory
+# cost a fault there; tests/bench_writes.py); in the transfer benchmark's rounds 512 KiB writes
+# still fell to 611-858 MiB/s in some rounds where 128 KiB held 898-1066, level with s5cmd (which
+# writes 32 KiB at a time) (docs/benchmarks.md).
+WRITE_BLOCK = 128 << 10
 
 
 def write_at(fd: int, block: bytes | memoryview, offset: int) -> None:
