@@ -53,7 +53,7 @@ from typing import Any
 # versions have, and nothing of tests/ that imports trainingrun (see run()).
 import trainingrun
 from tests import localenv
-from tests.benchutil import cpu_seconds, write_section
+from tests.benchutil import cpu_seconds, publish
 from trainingrun.local import scan
 from trainingrun.restore import RestoreSettings, restore
 from trainingrun.storage import Credentials, Location, S3Store, StorageError, Store, make_client
@@ -514,9 +514,7 @@ def main(argv: list[str] | None = None) -> int:
         f"--small-repeats {args.small_repeats}"
     )
     text = report(result, command)
-    print(text)
-    if args.write:
-        write_section(args.write, text)
+    publish(text, args.write)
     return 0
 
 

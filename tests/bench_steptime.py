@@ -31,7 +31,7 @@ import uuid
 from pathlib import Path
 
 from tests import localenv
-from tests.benchutil import cpu_seconds, write_section
+from tests.benchutil import cpu_seconds, publish
 from tests.integration.agents import S3, SyncProcess, agent_env, wait_committed
 
 REPO = Path(__file__).resolve().parent.parent
@@ -172,9 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     text = "\n".join(lines)
-    print(text)
-    if args.write:
-        write_section(args.write, text)
+    publish(text, args.write)
     return 0
 
 

@@ -78,7 +78,7 @@ from botocore.config import Config
 from s3transfer.crt import BotocoreCRTRequestSerializer, CRTTransferManager, create_s3_crt_client
 
 from tests import localenv
-from tests.benchutil import write_section
+from tests.benchutil import publish
 from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
 from trainingrun.local import scan
@@ -769,9 +769,7 @@ def main(argv: list[str] | None = None) -> int:
         f"--size-gib {args.size_gib:g} --rounds {args.rounds}"
     )
     text = report(result, command)
-    print(text)
-    if args.write:
-        write_section(args.write, text)
+    publish(text, args.write)
     return 0
 
 

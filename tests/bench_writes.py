@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.benchutil import write_section
+from tests.benchutil import publish
 from trainingrun.local import WRITE_BLOCK
 
 SECTION = "## The restore's write size"
@@ -117,9 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, help="update this markdown file's section")
     args = parser.parse_args(argv)
     text = report(run(args), args)
-    print(text)
-    if args.write:
-        write_section(args.write, text)
+    publish(text, args.write)
     return 0
 
 

@@ -49,3 +49,10 @@ def write_section(path: Path, section: str) -> None:
         after = "".join(lines[end:])
         text = "".join(lines[:mine]) + section.rstrip() + "\n" + ("\n" + after if after else "")
     path.write_text(text.rstrip() + "\n")
+
+
+def publish(text: str, path: Path | None) -> None:
+    """Prints a benchmark's report and, given a markdown file, puts it in place there."""
+    print(text)
+    if path:
+        write_section(path, text)

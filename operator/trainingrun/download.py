@@ -152,12 +152,5 @@ class Download(Transfer):
                     raise
 
         lanes = [self._parts.submit(lane) for _ in range(min(RANGES_PER_FILE, len(items)))]
-        error: BaseException | None = None
-        for done in lanes:
-            try:
-                done.result()
-            except BaseException as e:
-                error = error or e
-        if error:
-            raise error
+        self._gather([(str(n), done) for n, done in enumerate(lanes)])
         return cast(list[R], results)

@@ -19,7 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from trainingrun.checksum import Algorithm, digest, file_digest
 from trainingrun.contract import format_bytes
@@ -37,6 +37,8 @@ from trainingrun.parts import (
 from trainingrun.storage import Store
 
 log = logging.getLogger("trainingrun.transfer")
+
+T = TypeVar("T")
 
 MiB = 1 << 20
 
@@ -202,8 +204,10 @@ class Transfer:
             futures.append((key, self._pool.submit(self._upload_small, path, key, algo, progress)))
         return {**self._gather(futures), **packed}
 
-    def _gather(self, futures: list[tuple[str, Future[str]]]) -> dict[str, str]:
-        results: dict[str, str] = {}
+    def _gather(self, futures: list[tuple[str, Future[T]]]) -> dict[str, T]:
+        """Each future's result by its name; waits for all of them, then raises the first
+        error."""
+        results: dict[str, T] = {}
         error: BaseException | None = None
         for key, fut in futures:
             try:
