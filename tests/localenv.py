@@ -23,6 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
@@ -151,11 +152,47 @@ def _log(msg: str) -> None:
     print(f"[localenv] {msg}", file=sys.stderr, flush=True)
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct free loopback ports, held open together so they are not handed out twice."""
-    socks = []
+# The servers here listen outside the kernel's range for outgoing connections' local ports
+# (net.ipv4.ip_local_port_range): a server stopped and started again on its ports (SeaweedFS in
+# the chaos and failover tests) would otherwise find one of them taken by some client's
+# connection made while it was down, and exit with "address already in use". kwokctl hands its
+# components ports counting down from 32767, so these stay well below that too.
+LISTEN_PORTS = range(20000, 30000)
+EPHEMERAL_PORTS_FILE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+
+
+def ephemeral_ports() -> range:
+    """The kernel's range of local ports for outgoing connections (Linux's default without it)."""
     try:
-        for _ in range(count):
+        low, high = (int(v) for v in EPHEMERAL_PORTS_FILE.read_text().split())
+    except (OSError, ValueError):
+        low, high = 32768, 60999
+    return range(low, high + 1)
+
+
+def listen_candidates(ephemeral: range) -> list[int]:
+    """``LISTEN_PORTS`` less those in ``ephemeral``, in a random order."""
+    ports = [p for p in LISTEN_PORTS if p not in ephemeral]
+    random.SystemRandom().shuffle(ports)
+    return ports
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct free loopback ports outside the ephemeral range, held open together so they are
+    not handed out twice; any the range leaves short come from the kernel (port 0)."""
+    socks: list[socket.socket] = []
+    try:
+        for port in listen_candidates(ephemeral_ports()):
+            if len(socks) == count:
+                break
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:  # in use, or held in TIME_WAIT
+                s.close()
+                continue
+            socks.append(s)
+        while len(socks) < count:
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
             s.bind(("127.0.0.1", 0))
             socks.append(s)

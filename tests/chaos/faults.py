@@ -41,6 +41,14 @@ KINDS = {
 }
 
 
+def brief(message: str, head: int = 120, tail: int = 400) -> str:
+    """A missed fault's error for the fault log: its start, and its end, where a process's log
+    tail (the reason it exited) is."""
+    if len(message) <= head + tail:
+        return message
+    return f"{message[:head]} [...] {message[-tail:]}"
+
+
 @dataclass
 class Fleet:
     """What the faults act on. ``replicas`` changes as operators are killed and replaced."""
@@ -113,7 +121,7 @@ class Injector:
             done = fault(elapsed)
             outcome = "injected" if done else "skipped"
         except Exception as e:  # the API server down, a pod gone meanwhile: counted, not fatal
-            done, outcome = False, f"missed: {type(e).__name__}: {str(e)[:120]}"
+            done, outcome = False, f"missed: {type(e).__name__}: {brief(str(e))}"
         with self.lock:
             (self.injected if done else self.missed)[name] += 1
             self.in_flight[name] -= 1

@@ -1,10 +1,14 @@
-"""The chaos run's evidence of a break: the small files of the real trainers' pods only."""
+"""The chaos run's evidence of a break: the small files of the real trainers' pods only, and
+the error of a fault that missed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from tests.chaos.evidence import copy_pod_files
+from tests.chaos.faults import brief
 
 
 def test_copies_the_logs_and_pids_of_the_real_trainers_pods_only(tmp_path: Path) -> None:
@@ -29,3 +33,22 @@ def test_copies_the_logs_and_pids_of_the_real_trainers_pods_only(tmp_path: Path)
         "real3-7/trainer.log",
         "real3-7/trainer.pid",
     ]
+
+
+@pytest.mark.parametrize(
+    ("message", "kept"),
+    [
+        ("short", "short"),
+        ("x" * 520, "x" * 520),
+        ("start " + "." * 1000 + " address already in use", None),
+    ],
+)
+def test_a_missed_faults_error_keeps_its_start_and_its_end(message: str, kept: str | None) -> None:
+    text = brief(message)
+    if kept is not None:
+        assert text == kept
+        return
+    assert text.startswith("start ")
+    assert text.endswith(" address already in use")
+    assert "[...]" in text
+    assert len(text) < len(message)

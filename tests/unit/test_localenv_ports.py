@@ -1,0 +1,74 @@
+"""The local environment's listening ports stay out of the kernel's range for outgoing
+connections, so a server stopped and started again finds its ports free."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import localenv
+
+
+@pytest.mark.parametrize(
+    ("ephemeral", "expected"),
+    [
+        (range(32768, 61000), 10000),  # Linux's default: every listening port is outside
+        (range(25000, 26000), 9000),
+        (range(15000, 22000), 8000),
+        (range(1024, 65536), 0),  # the whole space is ephemeral: nothing left
+    ],
+)
+def test_listen_candidates_leave_out_the_ephemeral_range(ephemeral: range, expected: int) -> None:
+    ports = localenv.listen_candidates(ephemeral)
+    assert len(ports) == expected
+    assert len(set(ports)) == len(ports)
+    assert not [p for p in ports if p in ephemeral]
+    assert all(p in localenv.LISTEN_PORTS for p in ports)
+
+
+def test_ephemeral_ports_read_the_kernel_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setting = tmp_path / "ip_local_port_range"
+    setting.write_text("40000\t50000\n")
+    monkeypatch.setattr(localenv, "EPHEMERAL_PORTS_FILE", setting)
+    assert localenv.ephemeral_ports() == range(40000, 50001)
+    monkeypatch.setattr(localenv, "EPHEMERAL_PORTS_FILE", tmp_path / "missing")
+    assert localenv.ephemeral_ports() == range(32768, 61000)
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
+    ephemeral = localenv.ephemeral_ports()
+    ports = localenv.free_ports(localenv.SEAWEEDFS_PORTS)
+    assert len(set(ports)) == localenv.SEAWEEDFS_PORTS
+    assert not [p for p in ports if p in ephemeral]
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_a_port_in_use_is_passed_over(listener: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localenv, "listen_candidates", lambda _: [listener, *range(20000, 20100)])
+    ports = localenv.free_ports(3)
+    assert listener not in ports
+    assert len(set(ports)) == 3
+
+
+def test_a_range_with_too_few_candidates_is_filled_by_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(localenv, "ephemeral_ports", lambda: range(1024, 65536))
+    ports = localenv.free_ports(4)
+    assert len(set(ports)) == 4
+    assert all(p > 0 for p in ports)
