@@ -42,6 +42,7 @@ from trainingrun.storebase import (
     Location,
     NotFound,
     PreconditionFailed,
+    ServiceChecksBodies,
     Sink,
     StorageAccessDenied,
     StorageError,
@@ -251,7 +252,7 @@ def open_azure(
     return AzureStore(client, account, location.bucket)
 
 
-class AzureStore:
+class AzureStore(ServiceChecksBodies):
     """Blob calls of one container (``storebase.Store`` says what each does), one HTTP pool."""
 
     scheme = "az"

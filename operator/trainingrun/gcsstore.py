@@ -190,7 +190,7 @@ def _stream(data: Any) -> tuple[Any, int]:
     return data, size
 
 
-class GcsStore:
+class GcsStore(sb.ServiceChecksBodies):
     """The calls of one GCS bucket (storebase.Store). The client is made at the first call, so
     that finding no credentials is an error of a call (StorageAccessDenied), as elsewhere."""
 

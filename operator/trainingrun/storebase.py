@@ -185,6 +185,12 @@ class Store(Protocol):
         the store does not take ``algo``."""
         ...
 
+    def sign_bodies(self) -> None:
+        """From now on, has each request's signature cover its body too: for an endpoint that
+        ignores the checksums the bodies carry (the sidecar's capability probe finds out). A
+        no-op where the bodies are checked some other way."""
+        ...
+
     def create_multipart(self, key: str, algo: Algorithm) -> str: ...
 
     def upload_part(
@@ -220,3 +226,11 @@ class Store(Protocol):
     def delete(self, keys: list[str]) -> None:
         """Deletes ``keys``; a key already gone is no error."""
         ...
+
+
+class ServiceChecksBodies:
+    """``Store.sign_bodies`` of a store whose service checks the checksum every write carries
+    (Cloud Storage: the CRC32C; Azure: the MD5): nothing to do."""
+
+    def sign_bodies(self) -> None:
+        return None

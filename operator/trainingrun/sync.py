@@ -64,6 +64,7 @@ from trainingrun.syncsupport import (
     describe,
     layout_of,
     log_uploaded,
+    protect_bodies,
     publish_progress,
     report_failure,
     watch,
@@ -112,6 +113,7 @@ class Sync:
     def start(self) -> None:
         self.caps = detect_capabilities(self.store, self.s.run, self.s.checksum)
         log.info("endpoint: %s", self.caps.describe())
+        protect_bodies(self.store, self.caps.verifies_checksums)
         if not self.caps.conditional_writes:
             log.warning(
                 "the endpoint ignores If-None-Match/If-Match: commits fall back to write-then-"

@@ -23,7 +23,7 @@ from trainingrun.contract import ANNOTATION_NOTICE, format_bytes
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 from trainingrun.local import LocalCheckpoint, Survey
 from trainingrun.manifest import Layout, ManifestError
-from trainingrun.storage import Location, NotFound, StorageAccessDenied, StorageRejected
+from trainingrun.storage import Location, NotFound, StorageAccessDenied, StorageRejected, Store
 from trainingrun.transfer import TransferSettings
 
 log = logging.getLogger("trainingrun.sync")
@@ -319,3 +319,16 @@ def log_uploaded(
             elapsed,
             drain_seconds,
         )
+
+
+def protect_bodies(store: Store, checked: bool) -> None:
+    """An endpoint that ignores the checksums request bodies carry (``checked`` False: the
+    capability probe's finding) gets them signed instead, so a body damaged on the way is still
+    refused."""
+    if checked:
+        return
+    store.sign_bodies()
+    log.info(
+        "the endpoint does not check checksums: each upload's signature covers its body "
+        "instead (a SHA-256 of every byte sent)"
+    )

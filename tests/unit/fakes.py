@@ -260,9 +260,13 @@ class DictStore:
         self.objects: dict[str, bytes] = {}
         self.etags: dict[str, str] = {}
         self.gets: list[str] = []
+        self.signs_bodies = False
         self.deleted: list[str] = []
         self.uploads: list[tuple[str, str]] = []  # unfinished multipart uploads
         self._writes = 0
+
+    def sign_bodies(self) -> None:
+        self.signs_bodies = True
 
     def get(self, key: str) -> bytes | None:
         self.gets.append(key)
