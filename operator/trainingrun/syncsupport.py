@@ -1,7 +1,8 @@
 """The sync sidecar's surroundings: its settings, its Prometheus metrics and failure log lines,
 the watch on the checkpoint folder, the downward API file the preemption notice arrives in, its
-report of the checkpoint formats it recognises, and its watch on access denied (credentials
-rotated or revoked) with the termination message that says so."""
+report of the checkpoint formats it recognises, its watch on access denied (credentials
+rotated or revoked) with the termination message that says so, and the signing of request
+bodies for an endpoint that checks no checksum."""
 
 from __future__ import annotations
 
