@@ -104,6 +104,19 @@ def localenv() -> Iterator[localenv_mod.LocalEnv]:
         localenv_mod.down()
 
 
+@pytest.fixture(autouse=True)
+def _environment_runs(request: pytest.FixtureRequest) -> None:
+    """A test on the environment fails at once, saying what is down and where its log is, when
+    an earlier test left the environment's SeaweedFS or kube-apiserver down: not after waiting
+    out each of its own timeouts."""
+    if "localenv" not in request.fixturenames:
+        return
+    env: localenv_mod.LocalEnv = request.getfixturevalue("localenv")
+    problem = localenv_mod.broken(env.name)
+    if problem:
+        pytest.fail(problem, pytrace=False)
+
+
 @pytest.fixture(scope="session")
 def fake_gcs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeGcs]:
     """fake-gcs-server on loopback, for the session (its objects are in memory)."""

@@ -489,6 +489,38 @@ def stop_pid(pid: int, grace_s: float = 15) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+def _running(pid: int) -> bool:
+    """``pid`` exists and has not exited (a zombie, not yet reaped, has)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def broken(name: str) -> str | None:
+    """What of environment ``name`` is down, with where to look, or None when its SeaweedFS and
+    kube-apiserver run. Reads the pids as they are now (a chaos test restarts both)."""
+    sdir = state_dir(name)
+    try:
+        pid = int(json.loads((sdir / "env.json").read_text())["seaweedfs_pid"])
+    except (OSError, ValueError, KeyError):
+        return f"environment {name}: its state {sdir / 'env.json'} is gone or unreadable"
+    if not _running(pid):
+        log = sdir / "seaweedfs.log"
+        tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
+        return f"environment {name}: SeaweedFS (pid {pid}) is not running; end of {log}:\n{tail}"
+    cluster = CACHE / "kwok" / "clusters" / name
+    with contextlib.suppress(OSError, ValueError):
+        api = int((cluster / "pids" / "kube-apiserver.pid").read_text().strip())
+        if not _running(api):
+            return (
+                f"environment {name}: kube-apiserver (pid {api}) is not running; see "
+                f"{cluster / 'logs' / 'kube-apiserver.log'}"
+            )
+    return None
+
+
 # ---------------------------------------------------------------------------------------------
 # public API
 

@@ -1,0 +1,141 @@
+"""The local environment: its listening ports stay out of the kernel's range for outgoing
+connections, so a server stopped and started again finds its ports free; and what of it is down
+is found before a test waits on it."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests import localenv
+
+
+@pytest.mark.parametrize(
+    ("ephemeral", "expected"),
+    [
+        (range(32768, 61000), 10000),  # Linux's default: every listening port is outside
+        (range(25000, 26000), 9000),
+        (range(15000, 22000), 8000),
+        (range(1024, 65536), 0),  # the whole space is ephemeral: nothing left
+    ],
+)
+def test_listen_candidates_leave_out_the_ephemeral_range(ephemeral: range, expected: int) -> None:
+    ports = localenv.listen_candidates(ephemeral)
+    assert len(ports) == expected
+    assert len(set(ports)) == len(ports)
+    assert not [p for p in ports if p in ephemeral]
+    assert all(p in localenv.LISTEN_PORTS for p in ports)
+
+
+def test_ephemeral_ports_read_the_kernel_setting(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    setting = tmp_path / "ip_local_port_range"
+    setting.write_text("40000\t50000\n")
+    monkeypatch.setattr(localenv, "EPHEMERAL_PORTS_FILE", setting)
+    assert localenv.ephemeral_ports() == range(40000, 50001)
+    monkeypatch.setattr(localenv, "EPHEMERAL_PORTS_FILE", tmp_path / "missing")
+    assert localenv.ephemeral_ports() == range(32768, 61000)
+
+
+def test_free_ports_are_distinct_bindable_and_outside_the_ephemeral_range() -> None:
+    ephemeral = localenv.ephemeral_ports()
+    ports = localenv.free_ports(localenv.SEAWEEDFS_PORTS)
+    assert len(set(ports)) == localenv.SEAWEEDFS_PORTS
+    assert not [p for p in ports if p in ephemeral]
+    for port in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", port))
+
+
+@pytest.fixture
+def listener() -> Iterator[int]:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        yield s.getsockname()[1]
+
+
+def test_a_port_in_use_is_passed_over(listener: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localenv, "listen_candidates", lambda _: [listener, *range(20000, 20100)])
+    ports = localenv.free_ports(3)
+    assert listener not in ports
+    assert len(set(ports)) == 3
+
+
+def test_a_range_with_too_few_candidates_is_filled_by_the_kernel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(localenv, "ephemeral_ports", lambda: range(1024, 65536))
+    ports = localenv.free_ports(4)
+    assert len(set(ports)) == 4
+    assert all(p > 0 for p in ports)
+
+
+@pytest.fixture
+def env_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
+    """An environment's state folder and cluster folder under ``tmp_path``, as localenv lays
+    them out; a sleeping process stands in for each server."""
+    monkeypatch.setattr(localenv, "CACHE", tmp_path)
+    name = "tr-test"
+    sdir = localenv.state_dir(name)
+    sdir.mkdir(parents=True)
+    pids = tmp_path / "kwok" / "clusters" / name / "pids"
+    pids.mkdir(parents=True)
+    yield name, sdir
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+@pytest.mark.parametrize("down", ["nothing", "seaweedfs", "seaweedfs-unreaped", "apiserver"])
+def test_broken_names_what_is_down(env_state: tuple[str, Path], down: str) -> None:
+    name, sdir = env_state
+    weed, api = sleeper(), sleeper()
+    try:
+        (sdir / "env.json").write_text(json.dumps({"seaweedfs_pid": weed.pid}))
+        (sdir / "seaweedfs.log").write_text("F1128 bind: address already in use\n")
+        pids = localenv.CACHE / "kwok" / "clusters" / name / "pids"
+        (pids / "kube-apiserver.pid").write_text(f"{api.pid}\n")
+        if down.startswith("seaweedfs"):
+            weed.kill()
+            if down == "seaweedfs":
+                weed.wait()
+            else:  # exited, not yet reaped: a zombie still answers kill(pid, 0)
+                deadline = time.monotonic() + 10
+                while localenv._running(weed.pid) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+        elif down == "apiserver":
+            api.kill()
+            api.wait()
+
+        problem = localenv.broken(name)
+
+        if down == "nothing":
+            assert problem is None
+        elif down == "apiserver":
+            assert problem is not None
+            assert f"kube-apiserver (pid {api.pid}) is not running" in problem
+            assert "kube-apiserver.log" in problem
+        else:
+            assert problem is not None
+            assert f"SeaweedFS (pid {weed.pid}) is not running" in problem
+            assert "address already in use" in problem
+    finally:
+        for proc in (weed, api):
+            proc.kill()
+            proc.wait()
+
+
+def test_broken_without_state(env_state: tuple[str, Path]) -> None:
+    name, _ = env_state
+    problem = localenv.broken(name)
+    assert problem is not None and "env.json" in problem
