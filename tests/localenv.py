@@ -203,15 +203,14 @@ def free_ports(count: int) -> list[int]:
 
 
 def _pid_alive(pid: int) -> bool:
+    """``pid`` exists and has not exited: a zombie (exited, not yet reaped) counts as gone."""
     if pid <= 0:
         return False
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return False
-    except PermissionError:
-        return True
-    return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def _weed_binary() -> Path:
@@ -473,29 +472,28 @@ def ensure_bucket(env: LocalEnv) -> None:
             time.sleep(0.5)
 
 
+def reap(pid: int) -> None:
+    """Collects ``pid``'s exit status when it is an exited child of this process, so that it
+    leaves no zombie behind."""
+    if pid > 0:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
 def stop_pid(pid: int, grace_s: float = 15) -> None:
+    reap(pid)
     if not _pid_alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
     while time.monotonic() < deadline:
+        reap(pid)
         if not _pid_alive(pid):
             return
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
         time.sleep(0.2)
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGKILL)
-
-
-def _running(pid: int) -> bool:
-    """``pid`` exists and has not exited (a zombie, not yet reaped, has)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
 
 
 def broken(name: str) -> str | None:
@@ -506,14 +504,14 @@ def broken(name: str) -> str | None:
         pid = int(json.loads((sdir / "env.json").read_text())["seaweedfs_pid"])
     except (OSError, ValueError, KeyError):
         return f"environment {name}: its state {sdir / 'env.json'} is gone or unreadable"
-    if not _running(pid):
+    if not _pid_alive(pid):
         log = sdir / "seaweedfs.log"
         tail = log.read_text(errors="replace")[-1500:] if log.exists() else "(no log)"
         return f"environment {name}: SeaweedFS (pid {pid}) is not running; end of {log}:\n{tail}"
     cluster = CACHE / "kwok" / "clusters" / name
     with contextlib.suppress(OSError, ValueError):
         api = int((cluster / "pids" / "kube-apiserver.pid").read_text().strip())
-        if not _running(api):
+        if not _pid_alive(api):
             return (
                 f"environment {name}: kube-apiserver (pid {api}) is not running; see "
                 f"{cluster / 'logs' / 'kube-apiserver.log'}"

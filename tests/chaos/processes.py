@@ -53,10 +53,9 @@ class Launch:
 def wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
+        localenv.reap(pid)
         if not localenv._pid_alive(pid):
             return True
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(pid, os.WNOHANG)
         time.sleep(0.1)
     return False
 

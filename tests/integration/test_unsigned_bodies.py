@@ -7,21 +7,21 @@ from __future__ import annotations
 import base64
 import hashlib
 import uuid
+from typing import cast
 
 import botocore.exceptions
 import pytest
 
 from tests import localenv as localenv_mod
+from tests.integration.stores import Bucket
 from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.s3store import S3Store, make_client
-from trainingrun.storage import Credentials
+from trainingrun.s3store import S3Store
 from trainingrun.storebase import StorageError
 
 
 @pytest.fixture
 def store(localenv: localenv_mod.LocalEnv) -> S3Store:
-    creds = Credentials(localenv.s3_access_key, localenv.s3_secret_key)
-    return S3Store(make_client(localenv.s3_endpoint, localenv.s3_region, creds), localenv.bucket)
+    return cast(S3Store, Bucket.seaweedfs(localenv).store())
 
 
 def key() -> str:

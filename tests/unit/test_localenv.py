@@ -111,7 +111,7 @@ def test_broken_names_what_is_down(env_state: tuple[str, Path], down: str) -> No
                 weed.wait()
             else:  # exited, not yet reaped: a zombie still answers kill(pid, 0)
                 deadline = time.monotonic() + 10
-                while localenv._running(weed.pid) and time.monotonic() < deadline:
+                while localenv._pid_alive(weed.pid) and time.monotonic() < deadline:
                     time.sleep(0.01)
         elif down == "apiserver":
             api.kill()
