@@ -12,14 +12,12 @@ interoperability). ``S3Store._translate`` decides in one place what 404, 412, 42
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import http.client
 import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any
 
 import boto3
 import botocore.exceptions
@@ -27,6 +25,7 @@ from botocore.config import Config
 from botocore.response import StreamingBody
 
 from trainingrun.checksum import Algorithm
+from trainingrun.s3sign import content_md5, s3_config, sign_bodies, sign_unchecked_bodies
 from trainingrun.storebase import (
     MAX_GET_BYTES,
     PATIENT_BUDGET,
@@ -45,9 +44,6 @@ from trainingrun.storebase import (
     StorageUnavailable,
     TooLarge,
 )
-
-if TYPE_CHECKING:
-    from botocore.config import _S3Dict
 
 # A ranged GET is read 1 MiB at a time into one buffer. Reading it as botocore's chunks of
 # 8 MiB costs a fresh 8 MiB allocation (page faults, zeroing) and two copies per chunk: on
@@ -108,37 +104,6 @@ class Credentials:
         return "Credentials(access_key=***, secret_key=***)"
 
 
-def s3_config(endpoint: str | None) -> _S3Dict:
-    """botocore's S3 settings: path-style addressing for a custom endpoint, and no SHA-256 of
-    request bodies in the signature. Every body carries a checksum the endpoint verifies instead
-    (the data's ``x-amz-checksum-*``, Content-MD5 on ``put``), as botocore itself does over HTTPS
-    and the AWS CRT client does over HTTP too; hashing each byte again cost the sync about
-    0.5 CPU s per GiB over HTTP (docs/benchmarks.md)."""
-    config: _S3Dict = {"payload_signing_enabled": False}
-    if endpoint:
-        config["addressing_style"] = "path"
-    return config
-
-
-def sign_bodies(client: Any) -> None:
-    """From now on, each request of ``client`` (made by ``make_client``, which leaves bodies
-    out of the signature) signs its body's SHA-256 too, which the endpoint checks."""
-    config = client.meta.config
-    s3 = cast("_S3Dict", dict(config.s3 or {}))
-    s3["payload_signing_enabled"] = True
-    signed = config.merge(Config(s3=s3))
-
-    def sign(request: Any, **_: Any) -> None:
-        request.context["client_config"] = signed
-
-    client.meta.events.register("before-sign.s3", sign)
-
-
-def content_md5(data: bytes) -> str:
-    """The Content-MD5 of ``data``: the endpoint's check of a body the signature leaves out."""
-    return base64.b64encode(hashlib.md5(data, usedforsecurity=False).digest()).decode()
-
-
 def make_client(
     endpoint: str | None = None,
     region: str | None = None,
@@ -174,7 +139,9 @@ def make_client(
     if credentials:
         kwargs["aws_access_key_id"] = credentials.access_key
         kwargs["aws_secret_access_key"] = credentials.secret_key
-    return boto3.client("s3", **kwargs)
+    client = boto3.client("s3", **kwargs)
+    sign_unchecked_bodies(client)
+    return client
 
 
 def open_s3(

@@ -1,13 +1,14 @@
-"""Against the real SeaweedFS: the S3 client leaves request bodies out of the signature, so the
-checksum each body carries is what the endpoint checks. A body that does not match its
-Content-MD5 or its x-amz-checksum is refused, and nothing is stored under its key."""
+"""Against the real SeaweedFS: the S3 client leaves data bodies out of the signature, so the
+checksum each one carries is what the endpoint checks, and signs the small writes' bodies. A
+body that does not match its Content-MD5, its x-amz-checksum or its signature is refused, and
+nothing is stored under its key."""
 
 from __future__ import annotations
 
 import base64
 import hashlib
 import uuid
-from typing import cast
+from typing import Any, cast
 
 import botocore.exceptions
 import pytest
@@ -60,4 +61,39 @@ def test_a_part_that_does_not_match_its_checksum_is_refused(store: S3Store) -> N
             store.upload_part(k, upload, 1, b"sent", CRC64NVME, digest(CRC64NVME, b"other"))
     finally:
         store.abort_multipart(k, upload)
+    assert store.head(k) is None
+
+
+def changed_on_the_way(
+    store: S3Store, forged: bytes, headers: dict[str, str] | None = None
+) -> None:
+    """Makes each PutObject of ``store`` send ``forged`` instead of the body it signed, and
+    ``headers`` instead of those it signed, as someone on the network path could."""
+
+    def change(request: Any, **_: Any) -> None:
+        request.body = forged
+        request.headers["Content-Length"] = str(len(forged))
+        for name, value in (headers or {}).items():
+            request.headers[name] = value
+
+    store.client.meta.events.register("before-send.s3.PutObject", change)
+
+
+def test_a_small_write_changed_on_the_way_is_refused(store: S3Store) -> None:
+    """Its Content-MD5 and its body's SHA-256 are both signed; SeaweedFS checks the first."""
+    k = key()
+    changed_on_the_way(store, b'{"step": 99}')
+    with pytest.raises(StorageError):
+        store.put(k, b'{"step": 10}')
+    assert store.head(k) is None
+
+
+def test_data_changed_on_the_way_with_its_checksum_is_refused(store: S3Store) -> None:
+    """The body goes unsigned, but its checksum header is signed: changing both breaks the
+    signature."""
+    k, sent, forged = key(), b"w" * 5000, b"f" * 5000
+    changed_on_the_way(store, forged, {"x-amz-checksum-crc64nvme": digest(CRC64NVME, forged)})
+    with pytest.raises(StorageError) as err:
+        store.put_checked(k, sent, CRC64NVME, digest(CRC64NVME, sent))
+    assert "SignatureDoesNotMatch" in str(err.value)
     assert store.head(k) is None

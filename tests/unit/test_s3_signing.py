@@ -1,6 +1,7 @@
-"""The S3 client signs headers, not bodies: every body it sends carries a checksum the endpoint
-verifies instead (the data's ``x-amz-checksum-*``, Content-MD5 on ``put``). Requests are caught
-just before they would be sent; nothing goes over the network."""
+"""The S3 client signs headers, and a body only where no checksum the endpoint verifies guards it
+(``trainingrun.s3sign``): data and parts go unsigned with their ``x-amz-checksum-*``, the small
+writes (manifests, fences, part lists) are signed. Requests are caught just before they would
+be sent; nothing goes over the network."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from botocore.awsrequest import AWSResponse
 
 from tests.unit.fakes import DictStore
 from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.s3store import S3Store, make_client, s3_config
+from trainingrun.s3sign import checksummed, s3_config
+from trainingrun.s3store import S3Store, make_client
 from trainingrun.storage import Credentials, Store
 from trainingrun.syncsupport import protect_bodies
 
@@ -47,14 +49,47 @@ ENDPOINTS = ["http://127.0.0.1:8333", "https://s3.example.com"]
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
-def test_a_put_sends_an_unsigned_body_with_its_content_md5(endpoint: str) -> None:
+@pytest.mark.parametrize("conditional", [{}, {"if_none_match": True}, {"if_match": '"e1"'}])
+def test_a_put_signs_its_body_and_sends_its_content_md5(
+    endpoint: str, conditional: dict[str, Any]
+) -> None:
     store, sent = caught(endpoint)
     body = b'{"step": 100}'
-    store.put("runs/a/MANIFEST.json", body)
+    store.put("runs/a/MANIFEST.json", body, **conditional)
     (request,) = sent
-    assert header(request, "X-Amz-Content-SHA256") == UNSIGNED
+    assert header(request, "X-Amz-Content-SHA256") == hashlib.sha256(body).hexdigest()
     md5 = base64.b64encode(hashlib.md5(body, usedforsecurity=False).digest()).decode()
     assert header(request, "Content-MD5") == md5
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_the_part_list_that_completes_an_upload_is_signed(endpoint: str) -> None:
+    store, sent = caught(endpoint)
+    parts = [{"PartNumber": 1, "ETag": '"p1"'}]
+    store.complete_multipart("runs/a/m", "u1", parts, CRC64NVME, full="AAAAAAAAAAA=")
+    (request,) = sent
+    assert b"<PartNumber>1</PartNumber>" in request.body
+    assert header(request, "X-Amz-Content-SHA256") == hashlib.sha256(request.body).hexdigest()
+
+
+@pytest.mark.parametrize(
+    ("operation", "headers", "expected"),
+    [
+        ("PutObject", {"x-amz-checksum-crc64nvme": "x"}, True),
+        ("UploadPart", {"X-Amz-Checksum-CRC32C": "x"}, True),
+        ("PutObject", {"x-amz-checksum-crc32": "x"}, True),
+        ("UploadPart", {"x-amz-checksum-sha256": "x"}, True),
+        ("PutObject", {"x-amz-checksum-algorithm": "CRC64NVME"}, False),  # names one, no value
+        ("PutObject", {"x-amz-checksum-type": "FULL_OBJECT"}, False),
+        ("PutObject", {"Content-MD5": "x"}, False),
+        ("PutObject", {}, False),
+        # the whole object's checksum; the body is the part list
+        ("CompleteMultipartUpload", {"x-amz-checksum-crc64nvme": "x"}, False),
+        ("DeleteObjects", {"x-amz-checksum-crc32": "x"}, False),
+    ],
+)
+def test_checksummed(operation: str, headers: dict[str, str], expected: bool) -> None:
+    assert checksummed(operation, headers) is expected
 
 
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
