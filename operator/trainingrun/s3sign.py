@@ -1,17 +1,19 @@
-"""What the S3 client's SigV4 signatures cover. Headers always. A body's SHA-256 only where no
-checksum guards it that the sidecar's probe found the endpoint verifies:
+"""What the S3 client's SigV4 signatures cover: the headers always, and a body's SHA-256 unless
+the body carries a checksum of its own that the endpoint checks.
 
-| request                                                  | body signed                  |
-| -------------------------------------------------------- | ---------------------------- |
-| data and parts, with ``x-amz-checksum-*``                 | no (``UNSIGNED-PAYLOAD``)    |
-| the same, once ``sign_bodies`` ran (the probe: NOT checked) | yes                        |
-| every other body: manifests, fences, part lists (small)  | yes                          |
+| request                                                     | body signed               |
+| ----------------------------------------------------------- | ------------------------- |
+| data and parts, with their ``x-amz-checksum-*``             | no (``UNSIGNED-PAYLOAD``) |
+| the same, once ``sign_bodies`` ran (the probe: NOT checked) | yes                       |
+| every other body: manifests, fences, part and delete lists  | yes                       |
+| reads (no body)                                             | no (``UNSIGNED-PAYLOAD``) |
 
 Hashing each data byte again cost the sync about 0.5 CPU s per GiB over HTTP
-(docs/benchmarks.md), which is why data goes unsigned where the endpoint checks its checksum, as
-botocore itself does over HTTPS and the AWS CRT client over HTTP too. The small writes also carry
-Content-MD5, but no probe tells whether the endpoint checks that header, and signing a few KiB
-costs nothing measurable, so their signature covers them whatever the endpoint does.
+(docs/benchmarks.md), so data goes unsigned where the endpoint checks its checksum, as botocore
+itself does over HTTPS and the AWS CRT client over HTTP too. The small writes carry Content-MD5,
+but no probe tells whether the endpoint checks it; signing a few KiB costs nothing measurable,
+so they are signed as well, and an endpoint that checks signed bodies refuses one changed on
+the way either way.
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ def checksummed(operation: str, headers: Any) -> bool:
     return any(str(name).lower() in CHECKSUM_HEADERS for name in headers)
 
 
+def unchecked_body(operation: str, request: Any) -> bool:
+    """The request has a body (reads have none) and it carries no checksum of its own."""
+    return request.body not in (None, b"") and not checksummed(operation, request.headers)
+
+
 def _sign_when(client: Any, wanted: Callable[[str, Any], bool]) -> None:
     """Each request of ``client`` (made by ``s3store.make_client``) for which
-    ``wanted(operation, headers)`` holds signs its body's SHA-256 too (AWS S3 checks it against
+    ``wanted(operation, request)`` holds signs its body's SHA-256 too (AWS S3 checks it against
     the body; SeaweedFS does not, docs/storage.md)."""
     config = client.meta.config
     s3 = cast("_S3Dict", dict(config.s3 or {}))
@@ -61,20 +68,20 @@ def _sign_when(client: Any, wanted: Callable[[str, Any], bool]) -> None:
     signed = config.merge(Config(s3=s3))
 
     def sign(request: Any, operation_name: str = "", **_: Any) -> None:
-        if wanted(operation_name, request.headers):
+        if wanted(operation_name, request):
             request.context["client_config"] = signed
 
     client.meta.events.register("before-sign.s3", sign)
 
 
 def sign_unchecked_bodies(client: Any) -> None:
-    """Every body without a checksum header is signed (``s3store.make_client`` does this)."""
-    _sign_when(client, lambda operation, headers: not checksummed(operation, headers))
+    """Every body without a checksum of its own is signed (``s3store.make_client`` does this)."""
+    _sign_when(client, unchecked_body)
 
 
 def sign_bodies(client: Any) -> None:
     """From now on, every body is signed: the endpoint does not check checksums."""
-    _sign_when(client, lambda _operation, _headers: True)
+    _sign_when(client, lambda _operation, _request: True)
 
 
 def content_md5(data: bytes) -> str:

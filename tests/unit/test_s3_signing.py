@@ -26,6 +26,9 @@ class Raw:
     def stream(self, **_: Any) -> list[bytes]:
         return [b""]
 
+    def read(self, *_: Any) -> bytes:
+        return b""
+
 
 def caught(endpoint: str) -> tuple[S3Store, list[Any]]:
     """A store whose requests are recorded and answered 200 with an ETag, unsent."""
@@ -34,7 +37,7 @@ def caught(endpoint: str) -> tuple[S3Store, list[Any]]:
 
     def answer(request: Any, **_: Any) -> AWSResponse:
         sent.append(request)
-        return AWSResponse(request.url, 200, {"ETag": '"e"'}, Raw())
+        return AWSResponse(request.url, 200, {"ETag": '"e"', "Content-Length": "0"}, Raw())
 
     client.meta.events.register("before-send.s3", answer)
     return S3Store(client, "b"), sent
@@ -143,3 +146,20 @@ def test_bodies_are_signed_only_where_the_endpoint_ignores_checksums(
     store = DictStore()
     protect_bodies(cast(Store, store), checked=verifies)
     assert store.signs_bodies is signed
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_reads_stay_unsigned(endpoint: str) -> None:
+    """A read has no body: nothing to sign, and the restore's requests stay as they were."""
+    store, sent = caught(endpoint)
+    store.head("runs/a/model.safetensors")
+    store.read_range("runs/a/model.safetensors", 0, 0, lambda _block: None)
+    assert [header(r, "X-Amz-Content-SHA256") for r in sent] == [UNSIGNED, UNSIGNED]
+
+
+@pytest.mark.parametrize("endpoint", ENDPOINTS)
+def test_the_list_of_keys_to_delete_is_signed(endpoint: str) -> None:
+    store, sent = caught(endpoint)
+    store.delete(["runs/a/x", "runs/a/y"])
+    (request,) = sent
+    assert header(request, "X-Amz-Content-SHA256") == hashlib.sha256(request.body).hexdigest()
