@@ -71,7 +71,7 @@ from botocore.config import Config
 from kubernetes import client, config, watch
 
 from tests import localenv
-from tests.bench_transfer import clean_env, s5cmd_binary
+from tests.bench_transfer import clean_env, reclaim, s5cmd_binary
 from tests.benchutil import write_section
 from tests.integration.support import OperatorProcess, Runs, credentials_secret
 from tests.podrunner import (
@@ -325,10 +325,14 @@ class Bench:
         wait_until(lambda: not self.runs.pods_of(name), GONE_TIMEOUT_S, f"the pods of {name} gone")
 
     def remove_objects(self, prefix: str) -> None:
+        """Deletes the objects under ``prefix`` and has SeaweedFS give their space back now:
+        each resume commits a checkpoint of ``--size-gib``, whose space otherwise stayed taken
+        until SeaweedFS's next vacuum (together with a transfer benchmark, the disk filled)."""
         store = self.store()
         keys = [k for k, _ in store.list_objects(prefix.rstrip("/") + "/")]
         if keys:
             store.delete(keys)
+            reclaim(self.env.seaweedfs_pid)
 
     def failure(self, name: str, pod: str) -> str:
         """What a failed run and its pod's containers said, for the message."""
