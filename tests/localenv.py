@@ -496,9 +496,30 @@ def stop_pid(pid: int, grace_s: float = 15) -> None:
         os.killpg(pid, signal.SIGKILL)
 
 
+# SeaweedFS stops writing when its disk has under 1% free (the volume server's -minFreeSpace
+# default: its clients get 500 InternalError, "No writable volume"), and one test writes up to a
+# few GiB.
+MIN_FREE_BYTES = 4 << 30
+
+
+def disk_short(name: str, sdir: Path) -> str | None:
+    """Why environment ``name`` cannot store objects for long, or None: the disk of its state
+    folder ``sdir`` (SeaweedFS's data) has less free space than a test needs."""
+    usage = shutil.disk_usage(sdir)
+    need = max(MIN_FREE_BYTES, usage.total // 100 + (1 << 30))
+    if usage.free >= need:
+        return None
+    return (
+        f"environment {name}: {usage.free / 2**30:.1f} GiB free on the disk of {sdir}, under the "
+        f"{need / 2**30:.1f} GiB its SeaweedFS needs to go on storing objects; free some space "
+        "(python -m tests.localenv down removes an environment with its objects)"
+    )
+
+
 def broken(name: str) -> str | None:
-    """What of environment ``name`` is down, with where to look, or None when its SeaweedFS and
-    kube-apiserver run. Reads the pids as they are now (a chaos test restarts both)."""
+    """What of environment ``name`` is down or out of disk, with where to look, or None when its
+    SeaweedFS and kube-apiserver run. Reads the pids as they are now (a chaos test restarts
+    both)."""
     sdir = state_dir(name)
     try:
         pid = int(json.loads((sdir / "env.json").read_text())["seaweedfs_pid"])
@@ -516,7 +537,7 @@ def broken(name: str) -> str | None:
                 f"environment {name}: kube-apiserver (pid {api}) is not running; see "
                 f"{cluster / 'logs' / 'kube-apiserver.log'}"
             )
-    return None
+    return disk_short(name, sdir)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -5,12 +5,14 @@ is found before a test waits on it."""
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -79,11 +81,25 @@ def test_a_range_with_too_few_candidates_is_filled_by_the_kernel(
     assert all(p > 0 for p in ports)
 
 
+GiB = 1 << 30
+
+
+class Usage(NamedTuple):  # shutil.disk_usage's fields
+    total: int
+    used: int
+    free: int
+
+
+def disk(total_gib: float, free_gib: float) -> Usage:
+    return Usage(int(total_gib * GiB), int((total_gib - free_gib) * GiB), int(free_gib * GiB))
+
+
 @pytest.fixture
 def env_state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[str, Path]]:
     """An environment's state folder and cluster folder under ``tmp_path``, as localenv lays
     them out; a sleeping process stands in for each server."""
     monkeypatch.setattr(localenv, "CACHE", tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda _path: disk(252, 100))
     name = "tr-test"
     sdir = localenv.state_dir(name)
     sdir.mkdir(parents=True)
@@ -139,3 +155,37 @@ def test_broken_without_state(env_state: tuple[str, Path]) -> None:
     name, _ = env_state
     problem = localenv.broken(name)
     assert problem is not None and "env.json" in problem
+
+
+@pytest.mark.parametrize(
+    ("total_gib", "free_gib", "short"),
+    [
+        (252, 2.1, True),  # this machine's disk when SeaweedFS refused writes
+        (252, 3.9, True),
+        (252, 4.0, False),
+        (1000, 10.0, True),  # 1% of it and 1 GiB more: 11 GiB
+        (1000, 11.0, False),
+    ],
+)
+def test_broken_names_a_disk_too_full_for_seaweedfs(
+    env_state: tuple[str, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    total_gib: float,
+    free_gib: float,
+    short: bool,
+) -> None:
+    name, sdir = env_state
+    weed = sleeper()
+    try:
+        (sdir / "env.json").write_text(json.dumps({"seaweedfs_pid": weed.pid}))
+        monkeypatch.setattr(shutil, "disk_usage", lambda _path: disk(total_gib, free_gib))
+        problem = localenv.broken(name)
+    finally:
+        weed.kill()
+        weed.wait()
+    if short:
+        assert problem is not None
+        assert f"{free_gib:.1f} GiB free on the disk of {sdir}" in problem
+        assert "python -m tests.localenv down" in problem
+    else:
+        assert problem is None
