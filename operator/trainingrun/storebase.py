@@ -187,8 +187,9 @@ class Store(Protocol):
 
     def sign_bodies(self) -> None:
         """From now on, has each request's signature cover its body too: for an endpoint that
-        ignores the checksums the bodies carry (the sidecar's capability probe finds out). A
-        no-op where the bodies are checked some other way."""
+        ignores the checksums the bodies carry (the sidecar's capability probe finds out), which
+        protects them where the endpoint checks signed bodies. A no-op where the bodies are
+        checked some other way."""
         ...
 
     def create_multipart(self, key: str, algo: Algorithm) -> str: ...

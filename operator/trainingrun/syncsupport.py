@@ -325,7 +325,8 @@ def log_uploaded(
 def protect_bodies(store: Store, checked: bool) -> None:
     """An endpoint that ignores the checksums request bodies carry (``checked`` False: the
     capability probe's finding) gets them signed instead, so a body damaged on the way is still
-    refused."""
+    refused where the endpoint checks signed bodies (AWS S3 does; SeaweedFS 4.48 does not,
+    docs/storage.md)."""
     if checked:
         return
     store.sign_bodies()
