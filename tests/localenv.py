@@ -480,20 +480,28 @@ def reap(pid: int) -> None:
             os.waitpid(pid, os.WNOHANG)
 
 
+def wait_gone(pid: int, timeout_s: float) -> bool:
+    """Waits up to ``timeout_s`` for ``pid`` to exit (reaping it when it is a child of this
+    process); whether it did."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reap(pid)
+        if not _pid_alive(pid):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+
+
 def stop_pid(pid: int, grace_s: float = 15) -> None:
     reap(pid)
     if not _pid_alive(pid):
         return
     with contextlib.suppress(ProcessLookupError):
         os.killpg(pid, signal.SIGTERM)
-    deadline = time.monotonic() + grace_s
-    while time.monotonic() < deadline:
-        reap(pid)
-        if not _pid_alive(pid):
-            return
-        time.sleep(0.2)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(pid, signal.SIGKILL)
+    if not wait_gone(pid, grace_s):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
 
 
 # SeaweedFS stops writing when its disk has under 1% free (the volume server's -minFreeSpace

@@ -50,16 +50,6 @@ class Launch:
         return proc.pid
 
 
-def wait_gone(pid: int, timeout_s: float) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        localenv.reap(pid)
-        if not localenv._pid_alive(pid):
-            return True
-        time.sleep(0.1)
-    return False
-
-
 def cluster_dir(env: localenv.LocalEnv) -> Path:
     return localenv.CACHE / "kwok" / "clusters" / env.name
 
@@ -111,7 +101,7 @@ def restart_apiserver(env: localenv.LocalEnv, down_s: float = 2.0) -> float:
     launch = Launch.of(pid)
     killed = time.monotonic()
     os.kill(pid, signal.SIGKILL)
-    if not wait_gone(pid, 30):
+    if not localenv.wait_gone(pid, 30):
         raise RuntimeError(f"kube-apiserver pid {pid} outlived SIGKILL by 30 s")
     time.sleep(down_s)
     pid_file.write_text(str(launch.start(cdir / "logs" / "kube-apiserver.log")))
@@ -129,7 +119,7 @@ def stop_seaweedfs(env: localenv.LocalEnv) -> tuple[Launch, int]:
     pid = int(state["seaweedfs_pid"])
     launch = Launch.of(pid)
     localenv.stop_pid(pid)
-    if not wait_gone(pid, 30):
+    if not localenv.wait_gone(pid, 30):
         raise RuntimeError(f"SeaweedFS pid {pid} still runs 30 s after it was stopped")
     return launch, pid
 
