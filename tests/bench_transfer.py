@@ -34,10 +34,12 @@ goes first does not pay for the uploads, deletes and SeaweedFS vacuum just befor
 upload and download is checked after it (not timed): the files it left, or those its
 MANIFEST.json names (whose objects must be there), must be the checkpoint's by name and size.
 
-Rounds alternate the contenders (the order rotates each round) so the shared machine's noise falls
-on all of them alike; the median of the rounds is reported, in MiB/s and in CPU seconds per GiB of
-the client (user + system of this process and of its waited-for children: the CRT's native
-threads are in this process; the S3 server's CPU is not counted for anyone). Targets, per shape
+Rounds alternate the contenders, in an order shuffled each round (seeded by shape, direction and
+round), so the shared machine's noise falls on all of them alike and none always runs right after
+the same one (a transfer right after one that freed much memory runs slower here); the median
+of the rounds is reported, in MiB/s and in CPU seconds per GiB of the client (user + system of
+this process and of its waited-for children: the CRT's native threads are in this process; the
+S3 server's CPU is not counted for anyone). Targets, per shape
 and direction: sync and restore >= 1.00x the best baseline's throughput; their CPU per GiB is shown
 next to the lowest of the baselines'.
 
@@ -552,9 +554,12 @@ def contenders(bench: Bench) -> tuple[dict[str, Upload], dict[str, Download]]:
     return up, down
 
 
-def rotated(names: list[str], rnd: int) -> list[str]:
-    k = rnd % len(names)
-    return names[k:] + names[:k]
+def shuffled(names: list[str], shape: str, direction: str, rnd: int) -> list[str]:
+    """The contenders' order in one round: a permutation seeded by the shape, the direction and
+    the round, so a rerun repeats it. Not a rotation: in a rotation each contender always runs
+    right after the same one, and a transfer right after one that freed much memory runs
+    slower on this machine (docs/benchmarks.md, "Where the time goes")."""
+    return random.Random(f"{shape}/{direction}/{rnd}").sample(names, len(names))
 
 
 def rate(gib: float, sample: Sample) -> float:
@@ -603,7 +608,7 @@ def bench_shape(
     bench.check_upload("plain copy", plain)
 
     for rnd in range(rounds):
-        for i, who in enumerate(rotated(list(up_fns), rnd)):
+        for i, who in enumerate(shuffled(list(up_fns), name, "up", rnd)):
             prefix = f"{prefix_of}/up-{rnd}-{i}"
             sample = timed(partial(up_fns[who], prefix))
             up.setdefault(who, []).append(sample)
@@ -617,7 +622,7 @@ def bench_shape(
             reclaim(seaweedfs_pid)
         bench.warm(source)
         bench.warm(plain)
-        for who in rotated(list(down_fns), rnd):
+        for who in shuffled(list(down_fns), name, "down", rnd):
             dest = work / f"down-{rnd}"
             ours = who == "restore"
             sample = timed(partial(down_fns[who], source if ours else plain, dest))
@@ -699,7 +704,7 @@ def report(result: dict[str, Any], command: str) -> str:
     lines = [SECTION, "", f"Command: `{command}`", ""]
     lines.append(
         "Each checkpoint shape to and from SeaweedFS on loopback, "
-        f"{result['rounds']} alternating round(s) with the order rotated, medians. "
+        f"{result['rounds']} round(s), the contenders' order shuffled in each (seeded), medians. "
         "CPU is the client's (user + system of the process and its children; the CRT's native "
         "threads run in the process), not the server's. Ours with its defaults (16 parts of "
         "16 MiB in flight on upload; ranges of 32 MiB on restore, at most 4 of a file at "

@@ -8,9 +8,11 @@ the other side; the best baseline chosen by its median, not by its best round.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from tests.bench_transfer import Sample, paired, report, round_by_round
+from tests.bench_transfer import Sample, paired, report, round_by_round, shuffled
 
 
 def samples(*seconds: float) -> list[Sample]:
@@ -77,3 +79,32 @@ def test_report_gives_the_medians_verdict_and_each_round() -> None:
     )
     assert "against s5cmd: 0.95x, 0.90x, 0.90x; at or above 1.00x in 0 of 3" in text
     assert "against rclone" not in text
+
+
+NAMES = ["restore", "s5cmd a", "s5cmd b", "crt a", "crt b", "rclone a", "rclone b", "boto3 a"]
+
+
+@pytest.mark.parametrize("rnd", range(4))
+def test_each_round_runs_every_contender_once_in_a_repeatable_order(rnd: int) -> None:
+    order = shuffled(NAMES, "large", "down", rnd)
+    assert sorted(order) == sorted(NAMES)
+    assert order == shuffled(NAMES, "large", "down", rnd)
+
+
+def test_no_contender_always_runs_right_after_the_same_one() -> None:
+    # A rotation keeps every neighbour: "restore" would follow "boto3 a" in every round.
+    before: dict[str, set[str]] = {}
+    for rnd in range(5):
+        order = shuffled(NAMES, "sharded", "down", rnd)
+        for prev, who in itertools.pairwise(order):
+            before.setdefault(who, set()).add(prev)
+    assert all(len(prev) >= 2 for prev in before.values()), before
+
+
+def test_the_order_differs_between_shapes_and_directions() -> None:
+    orders = {
+        tuple(shuffled(NAMES, shape, direction, 0))
+        for shape in ("large", "sharded")
+        for direction in ("up", "down")
+    }
+    assert len(orders) > 1
