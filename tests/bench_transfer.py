@@ -39,9 +39,9 @@ round), so the shared machine's noise falls on all of them alike and none always
 the same one (a transfer right after one that freed much memory runs slower here); the median
 of the rounds is reported, in MiB/s and in CPU seconds per GiB of the client (user + system of
 this process and of its waited-for children: the CRT's native threads are in this process; the
-S3 server's CPU is not counted for anyone). Targets, per shape
-and direction: sync and restore >= 1.00x the best baseline's throughput; their CPU per GiB is shown
-next to the lowest of the baselines'.
+S3 server's CPU is not counted for anyone). Targets, per shape and direction: sync and restore
+>= 1.00x the best baseline's throughput; their CPU per GiB is shown next to the lowest of the
+baselines'. Under each table, ours against the best baseline round by round.
 
     .venv/bin/python -m tests.bench_transfer [--shapes large,small,sharded] [--size-gib 1] \
         [--rounds 3] [--write docs/benchmarks.md]
@@ -721,8 +721,8 @@ def report(result: dict[str, Any], command: str) -> str:
         "s5cmd); both copies are read once, not timed, before each round's downloads. Every "
         "transfer is checked afterwards by file names and sizes. "
         f"Target: {TARGET:.2f}x the best baseline, by the medians. Under each table, ours "
-        "against that baseline in each round, the two a few seconds apart: how far the medians' "
-        "verdict stands from the machine's noise."
+        "against that baseline in each round, the two run in the same round: how far the "
+        "medians' verdict stands from the machine's noise."
     )
     for shp in result["shapes"]:
         gib = shp["gib"]
