@@ -36,10 +36,10 @@ MANIFEST.json names (whose objects must be there), must be the checkpoint's by n
 
 Rounds alternate the contenders, in an order shuffled each round (seeded by shape, direction and
 round), so the shared machine's noise falls on all of them alike and none always runs right after
-the same one (a transfer right after one that freed much memory runs slower here); the median
-of the rounds is reported, in MiB/s and in CPU seconds per GiB of the client (user + system of
-this process and of its waited-for children: the CRT's native threads are in this process; the
-S3 server's CPU is not counted for anyone). Targets, per shape and direction: sync and restore
+the same one (``shuffled`` says why that matters); the median of the rounds is reported, in
+MiB/s and in CPU seconds per GiB of the client (user + system of this process and of its
+waited-for children: the CRT's native threads are in this process; the S3 server's CPU is not
+counted for anyone). Targets, per shape and direction: sync and restore
 >= 1.00x the best baseline's throughput; their CPU per GiB is shown next to the lowest of the
 baselines'. Under each table, ours against the best baseline round by round.
 

@@ -3,7 +3,9 @@ round (the two ran in the same round), so a reader sees how far a verdict stands
 
 Covers: the paired ratio of each round (a faster round of ours above 1.00x, a slower one below,
 rounds of unequal count refused); the verdict taken from the medians while some rounds fall on
-the other side; the best baseline chosen by its median, not by its best round.
+the other side; the best baseline chosen by its median, not by its best round; each round's
+order a repeatable permutation of every contender, different between shapes and directions, in
+which no contender always runs right after the same one (a rotation would).
 """
 
 from __future__ import annotations
