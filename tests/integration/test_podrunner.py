@@ -472,10 +472,13 @@ def test_runner_sigterm_stops_every_process_as_a_node_shutdown(
         create(core_v1, namespace, make_pod("shut", handle.node, [main], init=[sidecar], grace=30))
         wait_phase(core_v1, namespace, "shut", ("Running",))
         pids = [handle.wait_pid(namespace, "shut", c) for c in ("sync", "trainer")]
-        children = [
-            int(p) for p in Path(f"/proc/{pids[1]}/task/{pids[1]}/children").read_text().split()
-        ]
-        assert len(children) == 2
+        children_of = Path(f"/proc/{pids[1]}/task/{pids[1]}/children")
+
+        def both_children() -> list[int] | None:  # the shell forks them after it started
+            found = [int(p) for p in children_of.read_text().split()]
+            return found if len(found) == 2 else None
+
+        children = wait_for(both_children, 10, "the trainer's two children")
         started = time.monotonic()
         assert handle.stop(delete_node=False) == 0
         assert time.monotonic() - started < 20

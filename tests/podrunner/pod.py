@@ -31,6 +31,7 @@ from tests.podrunner.node import now
 from tests.podrunner.podapi import PodApi, PodGone
 from tests.podrunner.podnet import Networks, PodNet, wants_network
 from tests.podrunner.process import (
+    await_mount_ns,
     exit_code,
     hold_mount_ns,
     kill_leftovers,
@@ -331,6 +332,7 @@ class PodWorker:
             self.net.forward(env)
             mounts, identity = [self.net.hosts_mount(), *mounts], self.net.identity
         c.proc = launch(argv, env, mounts, c.spec.get("workingDir"), self._file(c, "log"), identity)
+        c.mount_ns, c.mount_ns_fd = await_mount_ns(c.proc)
         self._file(c, "pid").write_text(str(c.proc.pid))
         c.state = {"running": {"startedAt": started}}
         c.restart_at = None

@@ -141,6 +141,20 @@ def hold_mount_ns(pid: int) -> tuple[str, int]:
     return ns, fd
 
 
+def await_mount_ns(proc: subprocess.Popen[bytes], timeout_s: float = 10.0) -> tuple[str, int]:
+    """``hold_mount_ns`` of a container just launched, once its ``unshare`` ran: the command
+    starts only after that, so every process it starts is in the namespace returned.
+    ("", -1) when the process ended first, or after ``timeout_s``. Taken when the container
+    starts, not on the runner's next beat: a pod deleted before that beat would otherwise leave a
+    child in a session of its own alive, since only the namespace finds it."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ns, fd = hold_mount_ns(proc.pid)
+        if ns or proc.poll() is not None or time.monotonic() >= deadline:
+            return ns, fd
+        time.sleep(0.002)
+
+
 def release_mount_ns(fd: int) -> None:
     if fd >= 0:
         with contextlib.suppress(OSError):
