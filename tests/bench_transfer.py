@@ -35,12 +35,12 @@ upload and download is checked after it (not timed): the files it left, or those
 MANIFEST.json names (whose objects must be there), must be the checkpoint's by name and size.
 
 Rounds alternate the contenders, in an order shuffled each round (seeded by shape, direction and
-round), so the shared machine's noise falls on all of them alike and none always runs right after
-the same one (``shuffled`` says why that matters); the median of the rounds is reported, in
-MiB/s and in CPU seconds per GiB of the client (user + system of this process and of its
-waited-for children: the CRT's native threads are in this process; the S3 server's CPU is not
-counted for anyone). Targets, per shape and direction: sync and restore
->= 1.00x the best baseline's throughput; their CPU per GiB is shown next to the lowest of the
+round), so the shared machine's noise falls on all of them alike and none always runs right
+after the same one (``tests.benchutil.shuffled`` says why that matters); the median of the
+rounds is reported, in MiB/s and in CPU seconds per GiB of the client (user + system of this
+process and of its waited-for children: the CRT's native threads are in this process; the S3
+server's CPU is not counted for anyone). Targets, per shape and direction: sync and restore >=
+1.00x the best baseline's throughput; their CPU per GiB is shown next to the lowest of the
 baselines'. Under each table, ours against the best baseline round by round.
 
     .venv/bin/python -m tests.bench_transfer [--shapes large,small,sharded] [--size-gib 1] \
@@ -80,7 +80,7 @@ from botocore.config import Config
 from s3transfer.crt import BotocoreCRTRequestSerializer, CRTTransferManager, create_s3_crt_client
 
 from tests import localenv
-from tests.benchutil import publish
+from tests.benchutil import publish, shuffled
 from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
 from trainingrun.local import scan
@@ -552,14 +552,6 @@ def contenders(bench: Bench) -> tuple[dict[str, Upload], dict[str, Download]]:
     for c, k in BOTO3_GRID["down"]:
         down[f"boto3 c{c} {k}MiB"] = partial(bench.boto3_down, concurrency=c, chunk=k)
     return up, down
-
-
-def shuffled(names: list[str], shape: str, direction: str, rnd: int) -> list[str]:
-    """The contenders' order in one round: a permutation seeded by the shape, the direction and
-    the round, so a rerun repeats it. Not a rotation: in a rotation each contender always runs
-    right after the same one, and a transfer right after one that freed much memory runs
-    slower on this machine (docs/benchmarks.md, "Where the time goes")."""
-    return random.Random(f"{shape}/{direction}/{rnd}").sample(names, len(names))
 
 
 def rate(gib: float, sample: Sample) -> float:

@@ -1,11 +1,23 @@
 """Shared by the benchmark scripts: a process's CPU time (or that of every process with a given
-name), and writing a section of docs/benchmarks.md in place."""
+name), the contenders' order in a round, and writing a section of docs/benchmarks.md in place."""
 
 from __future__ import annotations
 
 import os
+import random
 import re
 from pathlib import Path
+
+
+def shuffled(names: list[str], *key: object) -> list[str]:
+    """The contenders' order in one round: a permutation seeded by ``key`` (the round, and what
+    else the benchmark varies, such as the shape and the direction), so a rerun repeats it. Not a
+    rotation: in a rotation each contender always runs right after the same one, and a transfer
+    right after one that freed much memory runs slower on this machine (docs/benchmarks.md,
+    "Where the time goes")."""
+    seed = "/".join(str(k) for k in key)
+    return random.Random(seed).sample(names, len(names))
+
 
 _DATED = re.compile(r" \(\d{4}-\d{2}-\d{2}\)$")
 

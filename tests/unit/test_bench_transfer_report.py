@@ -14,7 +14,8 @@ import itertools
 
 import pytest
 
-from tests.bench_transfer import Sample, paired, report, round_by_round, shuffled
+from tests.bench_transfer import Sample, paired, report, round_by_round
+from tests.benchutil import shuffled
 
 
 def samples(*seconds: float) -> list[Sample]:
