@@ -67,7 +67,7 @@ from tests.bench_transfer import Sample, ours_restore, ours_upload, shape, summa
 from tests.benchutil import cpu_seconds, shuffled
 from tests.integration.agents import make_checkpoint
 from trainingrun import local
-from trainingrun.manifest import checkpoint_dirname
+from trainingrun.manifest import CHECKPOINT_MANIFEST, checkpoint_dirname
 from trainingrun.storage import Location, Store, open_location, parse_uri
 from trainingrun.transfer import MiB
 
@@ -197,14 +197,16 @@ class StoreBench:
             store.delete(keys)
 
     def data_prefix(self, prefix: str) -> str:
-        """Where sync put the checkpoint's files under ``prefix`` (the committed part's folder)."""
-        probe = self.rel[0]
-        for key, _ in self.store(4).list_objects(self.key(prefix) + "/"):
-            if key.endswith("/" + probe):
-                return key[: -len(probe) - 1]
-        raise RuntimeError(f"no {probe} under {prefix}: the source upload did not land")
-
-    # -- ours --------------------------------------------------------------------------------
+        """The key of the folder with the checkpoint's objects under ``prefix``: the folder of
+        its MANIFEST.json when sync committed it there, else ``prefix``'s own."""
+        manifests = [
+            k
+            for k, _ in self.store(4).list_objects(self.key(prefix) + "/")
+            if k.rsplit("/", 1)[-1] == CHECKPOINT_MANIFEST
+        ]
+        if len(manifests) > 1:
+            raise RuntimeError(f"{len(manifests)} checkpoint manifests under {prefix}")
+        return manifests[0].rsplit("/", 1)[0] if manifests else self.key(prefix)
 
     def ours_up(self, prefix: str) -> None:
         ours_upload(self.store, self.location(prefix), self.ckpt, self.step)
@@ -219,10 +221,19 @@ class StoreBench:
         """Baselines: (the data prefix's key, destination folder)."""
         raise NotImplementedError
 
-    def uploaded_mismatches(self, prefix: str) -> list[str]:
-        """The checkpoint's files whose object under ``prefix`` (sync: its part folder) is
-        missing or not byte-identical, read back with this package's store."""
+    def uploaded_mismatches(self, prefix: str, work: Path) -> list[str]:
+        """The checkpoint's files that did not arrive byte-identical under ``prefix``. Sync's
+        commit is read back with the restore into a folder under ``work`` (sync packs small
+        files together, so they have no object of their own); a baseline's plain copy object by
+        object, with this package's store."""
         folder = self.data_prefix(prefix)
+        if folder != self.key(prefix):
+            dest = work / "read-back"
+            try:
+                self.ours_down(prefix, dest)
+                return self.mismatches(dest / checkpoint_dirname(self.step))
+            finally:
+                shutil.rmtree(dest, ignore_errors=True)
         store = self.store(4)
         sizes = dict(store.list_objects(folder + "/"))
         bad = []
@@ -441,18 +452,30 @@ def run_store(bench: StoreBench, args: argparse.Namespace, work: Path, deadline:
     source = f"{base}/source"
     label = bench.emu.label
 
-    print(f"{label}: the restore source, one committed copy made by sync ...", flush=True)
-    try:
-        with time_limit(args.transfer_timeout):
-            bench.ours_up(source)
-        key = bench.data_prefix(source)
-    except Exception as e:
-        out.failed["upload sync"] = f"the restore source's upload: {error_text(e)}"
-        out.stopped = "no restore source: nothing else was measured"
-        traceback.print_exc(limit=5)
-        return out
+    # What each client reads back: the restore the copy sync committed, the baselines a plain
+    # copy of the folder made by the first baseline upload (sync packs small files together).
+    plain = f"{base}/plain"
+    baseline_ups = bench.uploads()
+    first = next(iter(baseline_ups))
+    print(f"{label}: the restore's source (sync) and the baselines' ({first}) ...", flush=True)
+    for who, prefix, upload in (
+        ("sync", source, bench.ours_up),
+        (first, plain, baseline_ups[first]),
+    ):
+        try:
+            with time_limit(args.transfer_timeout):
+                upload(prefix)
+            bad = bench.uploaded_mismatches(prefix, work)
+            if bad:
+                raise RuntimeError(f"not byte-identical: {', '.join(bad)}")
+        except Exception as e:
+            out.failed[f"upload {who}"] = f"the source copy for the downloads: {error_text(e)}"
+            out.stopped = "a source copy for the downloads failed: nothing else was measured"
+            traceback.print_exc(limit=5)
+            return out
+    key = bench.key(plain)
 
-    ups: dict[str, Callable[[str], None]] = {"sync": bench.ours_up, **bench.uploads()}
+    ups: dict[str, Callable[[str], None]] = {"sync": bench.ours_up, **baseline_ups}
     downs: dict[str, Callable[[Path], None]] = {"restore": lambda d: bench.ours_down(source, d)}
     for name, fn in bench.downloads().items():
         downs[name] = lambda d, fn=fn: fn(key, d)  # type: ignore[misc]
@@ -474,7 +497,7 @@ def run_store(bench: StoreBench, args: argparse.Namespace, work: Path, deadline:
                     root = dest / checkpoint_dirname(bench.step) if name == "restore" else dest
                     bad = bench.mismatches(root)
                 else:
-                    bad = bench.uploaded_mismatches(prefix)
+                    bad = bench.uploaded_mismatches(prefix, work)
                 if bad:
                     raise RuntimeError(f"{op} not byte-identical: {', '.join(bad)}")
                 out.verified.append(f"{op} {name}")
