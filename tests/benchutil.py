@@ -12,9 +12,9 @@ from pathlib import Path
 def shuffled(names: list[str], *key: object) -> list[str]:
     """The contenders' order in one round: a permutation seeded by ``key`` (the round, and what
     else the benchmark varies, such as the shape and the direction), so a rerun repeats it. Not a
-    rotation: in a rotation each contender always runs right after the same one, and a transfer
-    right after one that freed much memory runs slower on this machine (docs/benchmarks.md,
-    "Where the time goes")."""
+    rotation: in a rotation each contender always runs right after the same one, and on this
+    machine a restore right after an s5cmd download ran slower than one right after a restore
+    (docs/benchmarks.md, "Where the time goes")."""
     seed = "/".join(str(k) for k in key)
     return random.Random(seed).sample(names, len(names))
 
