@@ -29,9 +29,8 @@ The contenders:
 Each client downloads the copy it would have made itself: the restore reads the checkpoint sync
 committed (its MANIFEST.json, the large files each an object, the small ones packed); the
 baselines read a plain copy of the folder, one object per file, put there once by s5cmd (not
-timed). Before each round's downloads both copies are read once, not timed (the plain copy by
-s5cmd, then sync's by the restore), so that whoever goes first does not pay for the uploads,
-deletes and SeaweedFS vacuum just before it, nor for following an s5cmd download. Every
+timed). Before each round's downloads both copies are read once, not timed, so that whoever
+goes first does not pay for the uploads, deletes and SeaweedFS vacuum just before it. Every
 upload and download is checked after it (not timed): the files it left, or those its
 MANIFEST.json names (whose objects must be there), must be the checkpoint's by name and size.
 
@@ -313,15 +312,10 @@ class Bench:
             raise RuntimeError(f"{name} upload to {root}: {'; '.join(problems[:3])}")
         self.compare(f"{name} upload to {root}", {f.path: f.size for f in part.files})
 
-    def warm(self, source: str, plain: str) -> None:
-        """Reads every object of both copies once, not timed (into a folder then deleted): the
-        plain copy with s5cmd, then sync's with the restore. The restore's read comes last: a
-        transfer right after an s5cmd download ran slower on this machine (docs/benchmarks.md,
-        "Where the time goes"), and whoever runs first in a round would pay for it."""
+    def warm(self, prefix: str) -> None:
+        """Reads every object under ``prefix`` once, not timed (into a folder then deleted)."""
         dest = self.work / "warm"
-        self.s5cmd_down(plain, dest, workers=256, concurrency=5, part=50)
-        shutil.rmtree(dest, ignore_errors=True)
-        self.ours_down(source, dest)
+        self.s5cmd_down(prefix, dest, workers=256, concurrency=5, part=50)
         shutil.rmtree(dest, ignore_errors=True)
 
     def check_download(self, name: str, root: Path) -> None:
@@ -618,7 +612,8 @@ def bench_shape(
             bench.check_upload(who, prefix)
             bench.clean(f"{prefix}/")
             reclaim(seaweedfs_pid)
-        bench.warm(source, plain)
+        bench.warm(source)
+        bench.warm(plain)
         for who in shuffled(list(down_fns), name, "down", rnd):
             dest = work / f"down-{rnd}"
             ours = who == "restore"
@@ -715,8 +710,7 @@ def report(result: dict[str, Any], command: str) -> str:
         "`max_concurrency`, chunk), each the best two of its grid. Each client downloads the "
         "copy it would have made: the restore the checkpoint sync committed (small files "
         "packed), the baselines a plain copy of the folder (one object per file, put there by "
-        "s5cmd); both copies are read once, not timed, before each round's downloads (the plain "
-        "copy by s5cmd, then sync's by the restore). Every "
+        "s5cmd); both copies are read once, not timed, before each round's downloads. Every "
         "transfer is checked afterwards by file names and sizes. "
         f"Target: {TARGET:.2f}x the best baseline, by the medians. Under each table, ours "
         "against that baseline in each round, the two run in the same round: how far the "
