@@ -208,6 +208,8 @@ class StoreBench:
             raise RuntimeError(f"{len(manifests)} checkpoint manifests under {prefix}")
         return manifests[0].rsplit("/", 1)[0] if manifests else self.key(prefix)
 
+    # -- ours --------------------------------------------------------------------------------
+
     def ours_up(self, prefix: str) -> None:
         ours_upload(self.store, self.location(prefix), self.ckpt, self.step)
 
