@@ -63,11 +63,19 @@ from requests import Session
 from requests.adapters import HTTPAdapter
 
 from tests import azurite, fakegcs
-from tests.bench_transfer import Sample, ours_restore, ours_upload, shape, summarize, timed
+from tests.bench_transfer import (
+    Sample,
+    data_folder,
+    ours_restore,
+    ours_upload,
+    shape,
+    summarize,
+    timed,
+)
 from tests.benchutil import cpu_seconds, shuffled
 from tests.integration.agents import make_checkpoint
 from trainingrun import local
-from trainingrun.manifest import CHECKPOINT_MANIFEST, checkpoint_dirname
+from trainingrun.manifest import checkpoint_dirname
 from trainingrun.storage import Location, Store, open_location, parse_uri
 from trainingrun.transfer import MiB
 
@@ -197,16 +205,8 @@ class StoreBench:
             store.delete(keys)
 
     def data_prefix(self, prefix: str) -> str:
-        """The key of the folder with the checkpoint's objects under ``prefix``: the folder of
-        its MANIFEST.json when sync committed it there, else ``prefix``'s own."""
-        manifests = [
-            k
-            for k, _ in self.store(4).list_objects(self.key(prefix) + "/")
-            if k.rsplit("/", 1)[-1] == CHECKPOINT_MANIFEST
-        ]
-        if len(manifests) > 1:
-            raise RuntimeError(f"{len(manifests)} checkpoint manifests under {prefix}")
-        return manifests[0].rsplit("/", 1)[0] if manifests else self.key(prefix)
+        """The key of the folder with the checkpoint's objects under ``prefix``."""
+        return data_folder(self.store(4), self.key(prefix))
 
     # -- ours --------------------------------------------------------------------------------
 

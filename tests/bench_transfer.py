@@ -287,16 +287,7 @@ class Bench:
     # -- checks (not timed) ----------------------------------------------------------------
 
     def data_prefix(self, prefix: str) -> str:
-        """Where the checkpoint's files are under ``prefix``: the folder of its MANIFEST.json
-        when there is one (a commit of sync), else ``prefix`` itself."""
-        manifests = [
-            k
-            for k, _ in self.store(4).list_objects(f"{prefix}/")
-            if k.rsplit("/", 1)[-1] == CHECKPOINT_MANIFEST
-        ]
-        if len(manifests) > 1:
-            raise RuntimeError(f"{len(manifests)} checkpoint manifests under {prefix}")
-        return manifests[0].rsplit("/", 1)[0] if manifests else prefix
+        return data_folder(self.store(4), prefix)
 
     def check_upload(self, name: str, prefix: str) -> None:
         root = self.data_prefix(prefix)
@@ -552,6 +543,17 @@ def contenders(bench: Bench) -> tuple[dict[str, Upload], dict[str, Download]]:
     for c, k in BOTO3_GRID["down"]:
         down[f"boto3 c{c} {k}MiB"] = partial(bench.boto3_down, concurrency=c, chunk=k)
     return up, down
+
+
+def data_folder(store: Store, key: str) -> str:
+    """Where a checkpoint's objects are under the key ``key``: the folder of its MANIFEST.json
+    when there is one (a commit of sync), else ``key`` itself."""
+    manifests = [
+        k for k, _ in store.list_objects(f"{key}/") if k.rsplit("/", 1)[-1] == CHECKPOINT_MANIFEST
+    ]
+    if len(manifests) > 1:
+        raise RuntimeError(f"{len(manifests)} checkpoint manifests under {key}")
+    return manifests[0].rsplit("/", 1)[0] if manifests else key
 
 
 def rate(gib: float, sample: Sample) -> float:
