@@ -40,6 +40,7 @@ TIERS = ("integration", "e2e")
 # beside the cluster tests; the collection refuses one that asks for the environment.
 BESIDE_THE_CLUSTER = frozenset(
     {
+        "tests/integration/test_bench_stores.py",
         "tests/integration/test_fenced_commits.py",
         "tests/integration/test_formats.py",
         "tests/integration/test_storage_names.py",
