@@ -53,6 +53,7 @@ the local environment (``make cluster``), starting it when it is not up.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.metadata
 import importlib.util
 import os
@@ -80,7 +81,7 @@ from botocore.config import Config
 from s3transfer.crt import BotocoreCRTRequestSerializer, CRTTransferManager, create_s3_crt_client
 
 from tests import localenv
-from tests.benchutil import publish, shuffled
+from tests.benchutil import page_reporting_held, publish, shuffled
 from tests.integration.agents import S3, make_checkpoint
 from trainingrun import local
 from trainingrun.local import scan
@@ -660,14 +661,21 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     s3 = S3.of(env)
     work = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
     base = f"bench-transfer/{uuid.uuid4().hex[:8]}"
+    held = page_reporting_held() if args.hold_page_reporting else contextlib.nullcontext("")
     try:
-        results = [
-            bench_shape(s3, work, base, name, args.size_gib, args.rounds, env.seaweedfs_pid)
-            for name in args.shapes
-        ]
+        with held as reporting:
+            results = [
+                bench_shape(s3, work, base, name, args.size_gib, args.rounds, env.seaweedfs_pid)
+                for name in args.shapes
+            ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    return {"shapes": results, "rounds": args.rounds, "versions": versions()}
+    return {
+        "shapes": results,
+        "rounds": args.rounds,
+        "versions": versions(),
+        "page_reporting": reporting,
+    }
 
 
 def summarize(samples: dict[str, list[Sample]], gib: float) -> dict[str, tuple[float, float]]:
@@ -718,6 +726,8 @@ def report(result: dict[str, Any], command: str) -> str:
         "against that baseline in each round, the two run in the same round: how far the "
         "medians' verdict stands from the machine's noise."
     )
+    if result.get("page_reporting"):
+        lines[-1] += f" Machine: {result['page_reporting']}."
     for shp in result["shapes"]:
         gib = shp["gib"]
         lines += [
@@ -776,13 +786,19 @@ def main(argv: list[str] | None = None) -> int:
         "--size-gib", type=float, default=1.0, help="size of the large and sharded shapes"
     )
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--hold-page-reporting",
+        action="store_true",
+        help="hold the kernel's free page reporting during the run (root; a virtual machine's "
+        "kernel hands freed memory back to its host, and whoever takes it next runs slower)",
+    )
     parser.add_argument("--write", type=Path, help="update this markdown file's section")
     args = parser.parse_args(argv)
     result = run(args)
     command = (
         f"python -m tests.bench_transfer --shapes {','.join(args.shapes)} "
         f"--size-gib {args.size_gib:g} --rounds {args.rounds}"
-    )
+    ) + (" --hold-page-reporting" if args.hold_page_reporting else "")
     text = report(result, command)
     publish(text, args.write)
     return 0

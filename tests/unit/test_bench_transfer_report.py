@@ -82,6 +82,14 @@ def test_report_gives_the_medians_verdict_and_each_round() -> None:
     )
     assert "against s5cmd: 0.95x, 0.90x, 0.90x; at or above 1.00x in 0 of 3" in text
     assert "against rclone" not in text
+    assert "Machine:" not in text
+
+
+def test_report_says_when_free_page_reporting_was_held() -> None:
+    up = {"sync": samples(1.0), "s5cmd": samples(1.1)}
+    down = {"restore": samples(1.0), "s5cmd": samples(1.1)}
+    run = result(up, down) | {"page_reporting": "free page reporting held for the run"}
+    assert "Machine: free page reporting held for the run." in report(run, "cmd")
 
 
 NAMES = ["restore", "s5cmd a", "s5cmd b", "crt a", "crt b", "rclone a", "rclone b", "boto3 a"]

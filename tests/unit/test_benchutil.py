@@ -1,21 +1,30 @@
 """benchutil.write_section: a benchmark rewrites its own section of docs/benchmarks.md only;
-benchutil.cpu_by_name: the CPU of the processes beside the one measured.
+benchutil.cpu_by_name: the CPU of the processes beside the one measured;
+benchutil.page_reporting_held: the kernel's free page reporting held for a run, then put back.
 
 Covers: a section replaced in place between its neighbours (which stay byte for byte), a
 heading with a date in parentheses matched whatever the date, a new section appended, the
 first section written to a missing file under a title; the CPU of a child process found by its
-command name, and a name no process has left out.
+command name, and a name no process has left out; the reporting order raised during the block
+and put back after it, also when the block fails, and a kernel without the setting left alone.
 """
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from tests.benchutil import cpu_by_name, cpu_seconds, write_section
+from tests.benchutil import (
+    NO_REPORTING_ORDER,
+    cpu_by_name,
+    cpu_seconds,
+    page_reporting_held,
+    write_section,
+)
 
 DOC = """# Benchmarks
 
@@ -106,3 +115,22 @@ def test_cpu_by_name_sums_the_named_processes() -> None:
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_page_reporting_held_during_the_block_and_put_back(tmp_path: Path, fails: bool) -> None:
+    param = tmp_path / "page_reporting_order"
+    param.write_text("9\n")
+    expected = pytest.raises(RuntimeError) if fails else contextlib.nullcontext()
+    with expected, page_reporting_held(param) as said:
+        assert param.read_text().strip() == str(NO_REPORTING_ORDER)
+        assert "page_reporting_order 9" in said
+        if fails:
+            raise RuntimeError("a contender failed")
+    assert param.read_text().strip() == "9"
+
+
+def test_page_reporting_held_without_the_setting_changes_nothing(tmp_path: Path) -> None:
+    with page_reporting_held(tmp_path / "absent") as said:
+        assert "nothing to hold" in said
+    assert not (tmp_path / "absent").exists()
