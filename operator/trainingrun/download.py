@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import TypeVar, cast
 
 from trainingrun.checksum import Algorithm, file_digest
-from trainingrun.local import write_at
+from trainingrun.local import create_for_writing, write_at
 from trainingrun.packs import Overrun, Splitter, Target
 from trainingrun.parts import STREAM_BLOCK
 from trainingrun.transfer import Progress, Transfer, VerificationFailed
@@ -86,7 +86,7 @@ class Download(Transfer):
     ) -> str:
         self._check()
         part = self.settings.range_size
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = create_for_writing(path)
         try:
             os.ftruncate(fd, size)
             ranges = [(off, min(part, size - off)) for off in range(0, size, part)]

@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,6 +280,24 @@ def write_termination_message(path: Path | None, message: str) -> None:
         path.write_text(message[:4000])  # the kubelet keeps at most 4096 bytes
     except OSError as e:
         log.warning("could not write the termination message to %s: %s", path, e)
+
+
+# A file's creation takes its folder's lock in the kernel, and ext4's search for a free inode
+# runs under it. Threads creating files in one folder at once wait for that lock spinning, a CPU
+# each: restoring 1,000 small files, 28% of the samples were that spin (perf). Taken here first,
+# one lock per folder as the kernel's, the same wait sleeps: 37% less system time for 3% less
+# throughput (0.1 GiB in 1,000 files, 16 rounds side by side, docs/benchmarks.md).
+_FOLDER_LOCKS: dict[str, threading.Lock] = {}
+_FOLDER_LOCKS_LOCK = threading.Lock()
+
+
+def create_for_writing(path: str) -> int:
+    """Opens ``path`` for writing, created or emptied, one creation at a time in its folder."""
+    folder = os.path.dirname(path)
+    with _FOLDER_LOCKS_LOCK:
+        lock = _FOLDER_LOCKS.setdefault(folder, threading.Lock())
+    with lock:
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
 
 
 # Blocks are written to the file at most 128 KiB at a time. On the test machine, writes of 1 MiB

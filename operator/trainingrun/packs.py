@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trainingrun.checksum import Algorithm, digest, file_digest
-from trainingrun.local import WRITE_BLOCK
+from trainingrun.local import WRITE_BLOCK, create_for_writing
 from trainingrun.manifest import PACK_DIR, is_pack_name
 
 MiB = 1 << 20
@@ -153,7 +153,7 @@ class Splitter:
     def _fd(self, i: int) -> int:
         fd = self.fds[i]
         if fd is None:
-            fd = os.open(self.targets[i].dest, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            fd = create_for_writing(self.targets[i].dest)
             self.fds[i] = fd
         return fd
 

@@ -6,11 +6,15 @@ Covers:
 - a file of many ranges has at most ``RANGES_PER_FILE`` of them in flight at once, and that many
   when it has enough; the ranges land in place and the file verifies;
 - the other workers take the other files' ranges meanwhile;
-- after a range fails, no lane starts another range of that file, and the error is raised.
+- after a range fails, no lane starts another range of that file, and the error is raised;
+- files are created one at a time in a folder (two folders side by side) while their downloads
+  run at once: threads creating files in one folder together spin on its lock in the kernel, a
+  CPU each; a file already there is emptied first.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -18,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from trainingrun import local
 from trainingrun.checksum import CRC64NVME, digest
 from trainingrun.download import RANGES_PER_FILE, Download
 from trainingrun.transfer import Progress, TransferSettings
@@ -120,3 +125,48 @@ def test_after_a_range_fails_no_lane_starts_another(tmp_path: Path) -> None:
         download(store, tmp_path, {"optimizer.pt": len(data)})
     # The failing range and the ones already in flight beside it; none of the 8 after them.
     assert len(store.started) <= RANGES_PER_FILE
+
+
+@pytest.mark.parametrize("folders", [1, 2])
+def test_files_are_created_one_at_a_time_per_folder_while_their_downloads_run_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, folders: int
+) -> None:
+    objects = {f"rank-{n % folders}/adapter-{n}.bin": bytes([n]) * 1000 for n in range(8)}
+    for f in range(folders):
+        (tmp_path / f"rank-{f}").mkdir()
+    (tmp_path / "rank-0/adapter-0.bin").write_bytes(b"left by an earlier attempt" * 100)
+    creating = {"now": 0, "peak": 0}
+    lock = threading.Lock()
+    real = os.open
+
+    def slow_open(path: str, flags: int, mode: int = 0o777) -> int:
+        with lock:
+            creating["now"] += 1
+            creating["peak"] = max(creating["peak"], creating["now"])
+        try:
+            time.sleep(0.05)  # a slow creation, as ext4's search for a free inode can be
+            return real(path, flags, mode)
+        finally:
+            with lock:
+                creating["now"] -= 1
+
+    monkeypatch.setattr(local.os, "open", slow_open)
+    # All 8 files' single ranges meet in flight: the downloads did run at once.
+    store = RangeStore(objects, meet=8)
+    landed = download(store, tmp_path, {k: len(v) for k, v in objects.items()}, concurrency=8)
+    assert landed == objects
+    assert store.total_peak == 8
+    # One creation at a time in a folder; folders side by side, as the kernel allows.
+    assert creating["peak"] == folders
+
+
+def test_create_for_writing_creates_or_empties(tmp_path: Path) -> None:
+    made, kept = tmp_path / "new.bin", tmp_path / "old.bin"
+    kept.write_bytes(b"x" * 100)
+    for path in (made, kept):
+        fd = local.create_for_writing(str(path))
+        try:
+            os.write(fd, b"ab")
+        finally:
+            os.close(fd)
+        assert path.read_bytes() == b"ab"
