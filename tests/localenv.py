@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import secrets
 import shutil
 import signal
@@ -504,6 +505,31 @@ def stop_pid(pid: int, grace_s: float = 15) -> None:
             os.killpg(pid, signal.SIGKILL)
 
 
+# SeaweedFS opens a unix socket beside each of its gRPC ports, at a path of its own in /tmp
+# (/tmp/seaweedfs-<server>-grpc-<port>.sock), and leaves the file there when it stops: two more
+# files in /tmp for every SeaweedFS a test session started.
+GRPC_SOCKET = "/tmp/seaweedfs-{}-grpc-{}.sock"
+_GRPC_PORT_ARG = re.compile(r"^-(master|volume|filer|s3)\.port\.grpc=(\d+)$")
+
+
+def grpc_sockets(pid: int) -> list[Path]:
+    """The gRPC socket files of the running SeaweedFS ``pid``, from its command line."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+    return [Path(GRPC_SOCKET.format(*m.groups())) for a in args if (m := _GRPC_PORT_ARG.match(a))]
+
+
+def stop_seaweedfs(pid: int) -> None:
+    """Stops SeaweedFS (``stop_pid``) and removes the socket files it leaves in /tmp."""
+    sockets = grpc_sockets(pid)
+    stop_pid(pid)
+    for path in sockets:
+        if path.is_socket():
+            path.unlink(missing_ok=True)
+
+
 # SeaweedFS stops writing when its disk has under 1% free (the volume server's -minFreeSpace
 # default: its clients get 500 InternalError, "No writable volume"), and one test writes up to a
 # few GiB.
@@ -663,7 +689,7 @@ def down(quiet: bool = False) -> None:
     env_file = sdir / "env.json"
     if env_file.exists():
         with contextlib.suppress(Exception):
-            stop_pid(int(json.loads(env_file.read_text())["seaweedfs_pid"]))
+            stop_seaweedfs(int(json.loads(env_file.read_text())["seaweedfs_pid"]))
     kwokctl = CACHE / "bin" / "kwokctl"
     if kwokctl.exists():
         _kwokctl(CACHE / "bin", "delete", "cluster", "--name", name, check=False)

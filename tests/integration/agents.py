@@ -83,7 +83,7 @@ class PrivateSeaweedFS:
 
     def stop(self) -> None:
         if self.proc is not None:
-            localenv.stop_pid(self.proc.pid)
+            localenv.stop_seaweedfs(self.proc.pid)
             self.proc.wait(timeout=30)
             self.proc = None
 

@@ -1,10 +1,12 @@
 """The local environment: its listening ports stay out of the kernel's range for outgoing
-connections, so a server stopped and started again finds its ports free; and what of it is down
-is found before a test waits on it."""
+connections, so a server stopped and started again finds its ports free; what of it is down is
+found before a test waits on it; and a stopped SeaweedFS leaves none of its socket files in
+/tmp."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import socket
 import subprocess
@@ -189,3 +191,34 @@ def test_broken_names_a_disk_too_full_for_seaweedfs(
         assert "python -m tests.localenv down" in problem
     else:
         assert problem is None
+
+
+def test_stop_seaweedfs_removes_the_grpc_sockets_it_leaves_in_tmp() -> None:
+    # Port numbers no real server has, so no running SeaweedFS's files are touched.
+    master, s3 = 70000 + os.getpid() % 10000, 80000 + os.getpid() % 10000
+    args = [f"-master.port.grpc={master}", f"-s3.port.grpc={s3}", "-volume.port=1"]
+    weed = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)", *args], start_new_session=True
+    )
+    paths = [Path(localenv.GRPC_SOCKET.format("master", master))]
+    paths.append(Path(localenv.GRPC_SOCKET.format("s3", s3)))
+    other = Path(localenv.GRPC_SOCKET.format("filer", master))  # not this process's: kept
+    listeners = []
+    try:
+        for path in [*paths, other]:
+            path.unlink(missing_ok=True)
+            sock = socket.socket(socket.AF_UNIX)
+            sock.bind(str(path))
+            listeners.append(sock)
+        assert localenv.grpc_sockets(weed.pid) == paths
+        localenv.stop_seaweedfs(weed.pid)
+        weed.wait(timeout=20)
+        assert not localenv._pid_alive(weed.pid)
+        assert [p.exists() for p in paths] == [False, False]
+        assert other.is_socket()
+    finally:
+        weed.kill()
+        for sock in listeners:
+            sock.close()
+        for path in [*paths, other]:
+            path.unlink(missing_ok=True)
