@@ -506,8 +506,8 @@ def stop_pid(pid: int, grace_s: float = 15) -> None:
 
 
 # SeaweedFS opens a unix socket beside each of its gRPC ports, at a path of its own in /tmp
-# (/tmp/seaweedfs-<server>-grpc-<port>.sock), and leaves the file there when it stops: two more
-# files in /tmp for every SeaweedFS a test session started.
+# (/tmp/seaweedfs-<server>-grpc-<port>.sock), and leaves some behind when it stops (the master's
+# and the S3 gateway's): two more files in /tmp for every SeaweedFS a test session started.
 GRPC_SOCKET = "/tmp/seaweedfs-{}-grpc-{}.sock"
 _GRPC_PORT_ARG = re.compile(r"^-(master|volume|filer|s3)\.port\.grpc=(\d+)$")
 
