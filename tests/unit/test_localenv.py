@@ -200,6 +200,11 @@ def test_stop_seaweedfs_removes_the_grpc_sockets_it_leaves_in_tmp() -> None:
     weed = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(60)", *args], start_new_session=True
     )
+    # Its command line is the one given only once the child has exec'd.
+    cmdline = Path(f"/proc/{weed.pid}/cmdline")
+    deadline = time.monotonic() + 10
+    while b"-volume.port=1" not in cmdline.read_bytes() and time.monotonic() < deadline:
+        time.sleep(0.01)
     paths = [Path(localenv.GRPC_SOCKET.format("master", master))]
     paths.append(Path(localenv.GRPC_SOCKET.format("s3", s3)))
     other = Path(localenv.GRPC_SOCKET.format("filer", master))  # not this process's: kept
