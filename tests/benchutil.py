@@ -52,7 +52,8 @@ def page_reporting_held(param: Path = PAGE_REPORTING_ORDER) -> Iterator[str]:
             "out --hold-page-reporting"
         )
     try:
-        yield f"free page reporting held for the run (page_reporting_order {old} set to " + (
+        yield (
+            f"free page reporting held for the run (page_reporting_order {old} set to "
             f"{NO_REPORTING_ORDER}, then back)"
         )
     finally:
