@@ -55,6 +55,7 @@ from trainingrun.contract import (
     SYNC_CONTAINER,
 )
 from trainingrun.decide.classify import (
+    CONFIG_CACHE_GRACE_SECONDS,
     IMAGE_PULL_GRACE_SECONDS,
     MESSAGE_MAX,
     End,
@@ -648,16 +649,40 @@ CASES = [
                     message=f"failed to sync {kind} cache: timed out waiting for the condition",
                 )
                 .build(),
-                End.NOT_ENDED,
-                "ContainerConfigRetrying",
+                end,
+                reason,
                 ready_node,
                 message_has=f"container {container}: failed to sync {kind} cache",
             ),
-            id=f"{container}-{kind}-cache-not-synced-{age}s-after-scheduling-waits",
+            id=f"{container}-{kind}-cache-not-synced-{age}s-after-scheduling-is-{end.value}",
         )
         for kind, container in (("secret", SYNC_CONTAINER), ("configmap", "trainer"))
-        for age in (10, 3600)
+        for age, end, reason in (
+            (10, End.NOT_ENDED, "ContainerConfigRetrying"),
+            (CONFIG_CACHE_GRACE_SECONDS - 1, End.NOT_ENDED, "ContainerConfigRetrying"),
+            (CONFIG_CACHE_GRACE_SECONDS, End.FAILED, "ContainerConfigUnreadable"),
+            (3600, End.FAILED, "ContainerConfigUnreadable"),
+        )
     ],
+    pytest.param(
+        Case(
+            make_pod()
+            .on_node("spot-7")
+            .scheduled(_ago(CONFIG_CACHE_GRACE_SECONDS))
+            .waiting(
+                "CreateContainerConfigError",
+                message="failed to sync secret cache: timed out waiting for the condition",
+            )
+            .build(),
+            End.FAILED,
+            "ContainerConfigUnreadable",
+            ready_node,
+            message_has=(
+                f"the kubelet of node spot-7 could not read it for {CONFIG_CACHE_GRACE_SECONDS}s"
+            ),
+        ),
+        id="cache-not-synced-past-the-grace-names-the-node",
+    ),
     pytest.param(
         Case(
             make_pod().created(_ago(10)).waiting("ErrImagePull").build(),

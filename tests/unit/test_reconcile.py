@@ -40,7 +40,11 @@ from tests.unit.builders import T0, RunBuilder, make_node, make_pod, make_run, p
 from trainingrun.api import Condition, TrainingRunStatus
 from trainingrun.contract import SYNC_CONTAINER, parse_time, rfc3339
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import CONFIG_CACHE_RECHECK_SECONDS, IMAGE_PULL_GRACE_SECONDS
+from trainingrun.decide.classify import (
+    CONFIG_CACHE_GRACE_SECONDS,
+    CONFIG_CACHE_RECHECK_SECONDS,
+    IMAGE_PULL_GRACE_SECONDS,
+)
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
 from trainingrun.decide.reasons import FAILED, RUNNING, SUCCEEDED
@@ -300,8 +304,8 @@ def test_image_pull_error_is_retried_then_fails_the_run_once_the_grace_is_spent(
 
 def test_a_kubelet_cache_not_synced_keeps_the_run_running_then_gives_the_start_back() -> None:
     d, pod = _launched(make_run("r1"))
-    d.advance(600)  # long after the pod was scheduled: no grace runs out, it only waits
-    waiting = pod_from(pod).scheduled(rfc3339(d.now - timedelta(seconds=600)))
+    d.advance(60)
+    waiting = pod_from(pod).scheduled(rfc3339(d.now - timedelta(seconds=60)))
     words = "failed to sync secret cache: timed out waiting for the condition"
     waiting = waiting.waiting("CreateContainerConfigError", container=SYNC_CONTAINER, message=words)
 
@@ -310,6 +314,7 @@ def test_a_kubelet_cache_not_synced_keeps_the_run_running_then_gives_the_start_b
     assert p.status.phase == PHASE_RUNNING
     assert p.status.reason == "ContainerConfigRetrying"
     assert words in p.status.message and "the kubelet retries" in p.status.message
+    assert "the attempt fails at" in p.status.message
     assert (p.create_attempt, p.delete_pods, p.events) == (None, (), [])
     assert p.requeue_after == CONFIG_CACHE_RECHECK_SECONDS + 1
 
@@ -317,6 +322,29 @@ def test_a_kubelet_cache_not_synced_keeps_the_run_running_then_gives_the_start_b
 
     assert p.status.reason == "Started"
     assert p.status.phase == PHASE_RUNNING
+
+
+def test_a_kubelet_cache_never_synced_fails_the_attempt_and_replaces_its_pod() -> None:
+    run = make_run("r1").with_restart_policy(backoff={"initial_seconds": 0, "max_seconds": 0})
+    d, pod = _launched(run)
+    scheduled = d.now
+    words = "failed to sync configmap cache: timed out waiting for the condition"
+    waiting = pod_from(pod).on_node("spot-7").scheduled(rfc3339(scheduled))
+    waiting = waiting.waiting("CreateContainerConfigError", message=words)
+
+    d.advance(CONFIG_CACHE_GRACE_SECONDS - 10)  # the last recheck waits only to the deadline
+    p = d.pass_(waiting.build(), node=make_node("spot-7").build())
+    assert p.status.reason == "ContainerConfigRetrying"
+    assert p.requeue_after == 10 + 1
+
+    d.advance(10)
+    p = d.pass_(waiting.build(), node=make_node("spot-7").build())
+
+    assert (p.status.attempt, p.status.restarts) == (2, 1)
+    assert (p.create_attempt, p.delete_pods) == (2, ("r1-1",))
+    assert [(e.type, e.reason) for e in p.events] == [("Warning", "Failed")]
+    assert "ContainerConfigUnreadable" in p.events[0].message
+    assert "the kubelet of node spot-7 could not read it" in p.events[0].message
 
 
 def test_image_pull_that_goes_through_gives_the_start_back_its_reason() -> None:

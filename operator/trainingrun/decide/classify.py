@@ -14,6 +14,7 @@
 | image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
 | the kubelet's Secret/ConfigMap cache not filled in time        | not ended     |
+| ... still not filled CONFIG_CACHE_GRACE_SECONDS after scheduling | Failed      |
 
 The restore's exit codes (checkpoint-bad, insufficient-disk) count only from the restore the
 operator added: the container ``RESTORE_CONTAINER`` (init, or beside the trainer) of a pod that
@@ -62,10 +63,14 @@ IMAGE_PULL_REASONS = frozenset({"ErrImagePull", "ImagePullBackOff"})
 IMAGE_PULL_GRACE_SECONDS = 300
 # CreateContainerConfigError with these words is the kubelet's Secret or ConfigMap cache not
 # filled in time (an API server restart, a slow watch), not a missing object or key: the
-# kubelet tries again on its own and the container starts once it is filled, so it never ends
-# the run. The run shows it, looked at again every CONFIG_CACHE_RECHECK_SECONDS.
+# kubelet tries again on its own and the container starts once it is filled. The run shows it,
+# looked at again every CONFIG_CACHE_RECHECK_SECONDS. A cache still not filled
+# CONFIG_CACHE_GRACE_SECONDS after the pod was scheduled is that node's kubelet unable to read
+# the object (it cannot reach the API server, or the node authorizer refuses it): the attempt
+# fails, spending the restart budget, and the next one gets a new pod.
 CONFIG_CACHE_NOT_SYNCED = ("failed to sync secret cache", "failed to sync configmap cache")
 CONFIG_CACHE_RECHECK_SECONDS = 30
+CONFIG_CACHE_GRACE_SECONDS = 600
 # The longest message taken from a container or pod status, marker included: enough for an
 # error and its cause, short enough for a status field and an Event.
 MESSAGE_MAX = 1024
@@ -332,12 +337,7 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
         if waiting["reason"] == CONFIG_ERROR and any(
             words in detail for words in CONFIG_CACHE_NOT_SYNCED
         ):
-            return Outcome(
-                End.NOT_ENDED,
-                R.CONTAINER_CONFIG_RETRYING,
-                f"{message} (the kubelet retries until it can read it)",
-                decide_at=now + timedelta(seconds=CONFIG_CACHE_RECHECK_SECONDS),
-            )
+            return _config_cache_not_synced(pod, message, now)
         since = _scheduled_at(pod)
         if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
             deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)
@@ -352,6 +352,31 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
                 )
         return Outcome(End.PERMANENT, str(waiting["reason"]), message)
     return None
+
+
+def _config_cache_not_synced(pod: Mapping[str, Any], message: str, now: datetime) -> Outcome:
+    """The kubelet could not fill its Secret or ConfigMap cache: it retries, for
+    ``CONFIG_CACHE_GRACE_SECONDS`` after the pod was scheduled; then the attempt fails."""
+    since = _scheduled_at(pod)
+    deadline = since + timedelta(seconds=CONFIG_CACHE_GRACE_SECONDS) if since else None
+    if deadline is not None and now >= deadline:
+        node = (pod.get("spec") or {}).get("nodeName")
+        where = f"the kubelet of node {node}" if node else "the kubelet"
+        return Outcome(
+            End.FAILED,
+            R.CONTAINER_CONFIG_UNREADABLE,
+            f"{message} ({where} could not read it for {CONFIG_CACHE_GRACE_SECONDS}s after the "
+            "pod was scheduled: check that the node reaches the API server; the next attempt "
+            "gets a new pod)",
+        )
+    recheck = now + timedelta(seconds=CONFIG_CACHE_RECHECK_SECONDS)
+    until = f"; the attempt fails at {deadline.strftime(TIME_FORMAT)}" if deadline else ""
+    return Outcome(
+        End.NOT_ENDED,
+        R.CONTAINER_CONFIG_RETRYING,
+        f"{message} (the kubelet retries until it can read it{until})",
+        decide_at=min(recheck, deadline) if deadline else recheck,
+    )
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:

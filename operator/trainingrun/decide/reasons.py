@@ -92,6 +92,7 @@ FINISHING = "Finishing"  # the trainer exited 0: the sidecar commits the last ch
 IMAGE_PULL_RETRYING = "ImagePullRetrying"
 # The kubelet could not fill its Secret or ConfigMap cache in time (decide.classify)
 CONTAINER_CONFIG_RETRYING = "ContainerConfigRetrying"
+CONTAINER_CONFIG_UNREADABLE = "ContainerConfigUnreadable"  # ... for CONFIG_CACHE_GRACE_SECONDS
 GANG_SCHEDULING = "GangScheduling"  # some pods of a gang wait to be scheduled
 GANG_NOT_SCHEDULED = "GangNotScheduled"  # ... longer than spec.gang.startTimeoutSeconds
 
