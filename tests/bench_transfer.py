@@ -570,8 +570,7 @@ def reclaim(seaweedfs_pid: int) -> None:
     """Has SeaweedFS give back the space of deleted objects now (its master's vacuum), not at
     its next periodic vacuum: a run uploads tens of GiB, and the disk filled up once (500
     InternalError to the clients) while deleted checkpoints still held their volumes."""
-    args = Path(f"/proc/{seaweedfs_pid}/cmdline").read_bytes().split(b"\0")
-    port = next(a.split(b"=", 1)[1].decode() for a in args if a.startswith(b"-master.port="))
+    port = localenv.seaweedfs_flags(seaweedfs_pid)["master.port"]
     url = f"http://127.0.0.1:{port}/vol/vacuum?garbageThreshold=0.0001"
     with urllib.request.urlopen(url, timeout=600) as resp:
         resp.read()

@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import secrets
 import shutil
 import signal
@@ -509,16 +508,27 @@ def stop_pid(pid: int, grace_s: float = 15) -> None:
 # (/tmp/seaweedfs-<server>-grpc-<port>.sock), and leaves some behind when it stops (the master's
 # and the S3 gateway's): two more files in /tmp for every SeaweedFS a test session started.
 GRPC_SOCKET = "/tmp/seaweedfs-{}-grpc-{}.sock"
-_GRPC_PORT_ARG = re.compile(r"^-(master|volume|filer|s3)\.port\.grpc=(\d+)$")
+GRPC_SERVERS = ("master", "volume", "filer", "s3")
+
+
+def seaweedfs_flags(pid: int) -> dict[str, str]:
+    """The ``-name=value`` flags of the running SeaweedFS ``pid`` (``master.port`` and so on),
+    from its command line; empty when it is gone."""
+    try:
+        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return {}
+    return dict(a[1:].split("=", 1) for a in args if a.startswith("-") and "=" in a)
 
 
 def grpc_sockets(pid: int) -> list[Path]:
     """The gRPC socket files of the running SeaweedFS ``pid``, from its command line."""
-    try:
-        args = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
-    except OSError:
-        return []
-    return [Path(GRPC_SOCKET.format(*m.groups())) for a in args if (m := _GRPC_PORT_ARG.match(a))]
+    flags = seaweedfs_flags(pid)
+    return [
+        Path(GRPC_SOCKET.format(server, flags[f"{server}.port.grpc"]))
+        for server in GRPC_SERVERS
+        if f"{server}.port.grpc" in flags
+    ]
 
 
 def stop_seaweedfs(pid: int) -> None:

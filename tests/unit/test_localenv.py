@@ -216,9 +216,11 @@ def test_stop_seaweedfs_removes_the_grpc_sockets_it_leaves_in_tmp() -> None:
             sock.bind(str(path))
             listeners.append(sock)
         assert localenv.grpc_sockets(weed.pid) == paths
+        assert localenv.seaweedfs_flags(weed.pid)["volume.port"] == "1"
         localenv.stop_seaweedfs(weed.pid)
         weed.wait(timeout=20)
         assert not localenv._pid_alive(weed.pid)
+        assert localenv.seaweedfs_flags(weed.pid) == {}
         assert [p.exists() for p in paths] == [False, False]
         assert other.is_socket()
     finally:
