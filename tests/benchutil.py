@@ -30,7 +30,7 @@ def shuffled(names: list[str], *key: object) -> list[str]:
 PAGE_REPORTING_ORDER = Path("/sys/module/page_reporting/parameters/page_reporting_order")
 NO_REPORTING_ORDER = 11
 # Memory reported before the run is still the host's until written again. Holding reporting
-# writes every free page once first, but for this much, left to whatever else runs meanwhile.
+# first writes the free memory once, all but KEEP_FREE_BYTES, left for what else runs meanwhile.
 MEMINFO = Path("/proc/meminfo")
 KEEP_FREE_BYTES = 2 << 30
 TOUCH_CHUNK_BYTES = 256 << 20
