@@ -162,6 +162,14 @@ def open_s3(
     return S3Store(client, location.bucket)
 
 
+def _unfinished_uploads(client: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
+    """(key, upload id) of every unfinished multipart upload under ``prefix``, page after page
+    (AWS gives at most 1,000 a page). MinIO lists a key's own uploads only, none under a
+    folder's prefix (docs/storage.md)."""
+    pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
+    return [(str(u["Key"]), str(u["UploadId"])) for p in pages for u in p.get("Uploads") or []]
+
+
 class S3Store:
     """S3 calls for one bucket (``storebase.Store`` says what each one does)."""
 
@@ -371,10 +379,9 @@ class S3Store:
 
     def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
         try:
-            resp = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=prefix)
+            return _unfinished_uploads(self.client, self.bucket, prefix)
         except Exception as e:
             raise self._translate(e, prefix) from e
-        return [(str(u["Key"]), str(u["UploadId"])) for u in resp.get("Uploads") or []]
 
     def read_range(self, key: str, start: int, end: int, sink: Sink, chunk: int = 8 << 20) -> int:
         """Streams bytes ``start``..``end`` inclusive of an object into ``sink`` in blocks of
