@@ -50,8 +50,9 @@ tools: ## Build the control plane binaries and kwok from Go modules (cached unde
 	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the control plane"; exit 1; }
 	bash hack/build-tools.sh
 
-emulators: ## Build fake-gcs-server (Go module) and install Azurite (npm), cached under ~/.cache/trainingrun
+emulators: ## Build fake-gcs-server and MinIO (Go modules) and install Azurite (npm), cached under ~/.cache/trainingrun
 	bash hack/build-fake-gcs.sh
+	bash hack/build-minio.sh
 	bash hack/install-azurite.sh
 
 lightning-env: ## Build the cached virtualenv of the Lightning stack, with DeepSpeed (examples/lightning_finetune.py)

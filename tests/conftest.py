@@ -30,6 +30,7 @@ from tests.fakegcs import FakeGcs
 from tests.integration.agents import S3, PrivateSeaweedFS
 from tests.integration.stores import Bucket
 from tests.integration.support import OperatorProcess, Runs, wait_for
+from tests.minio import Minio
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -152,9 +153,18 @@ def bucket_env(localenv: localenv_mod.LocalEnv) -> localenv_mod.LocalEnv:
     return localenv
 
 
-@pytest.fixture(params=["s3", "gs", "az"])
+@pytest.fixture(scope="session")
+def minio(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Minio]:
+    """MinIO on loopback, for the session (its objects on a single drive in a temporary folder)."""
+    with Minio(tmp_path_factory.mktemp("minio")) as server:
+        yield server
+
+
+@pytest.fixture(params=["s3", "minio", "gs", "az"])
 def bucket(request: pytest.FixtureRequest) -> Bucket:
-    """The bucket of each store in turn: SeaweedFS, fake-gcs-server, Azurite."""
+    """The bucket of each store in turn: SeaweedFS, MinIO, fake-gcs-server, Azurite."""
+    if request.param == "minio":
+        return Bucket.minio(request.getfixturevalue("minio"))
     if request.param == "gs":
         gcs: FakeGcs = request.getfixturevalue("fake_gcs")
         return Bucket.fake_gcs(gcs.endpoint, gcs.bucket)

@@ -1,4 +1,4 @@
-"""The three stores as the agents and a test see them: SeaweedFS (s3://), fake-gcs-server
+"""The stores as the agents and a test see them: SeaweedFS and MinIO (s3://), fake-gcs-server
 (gs://) and Azurite (az://). ``Bucket`` gives a run's uri, the environment the pod builder
 would give sync and restore, and this package's own ``Store`` for a test to read, corrupt or
 list what the agents wrote, so one test body runs against each store."""
@@ -13,6 +13,7 @@ from typing import Any
 
 from tests import localenv
 from tests.integration.support import wait_for
+from tests.minio import REGION, Minio
 from trainingrun.contract import ENV_STORAGE_ENDPOINT
 from trainingrun.storage import Location, Store, open_location, parse_uri
 
@@ -24,18 +25,35 @@ _FOREIGN = ("AWS_", "TRAININGRUN_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR_HOST"
 class Bucket:
     """One store's bucket (container); ``agent_vars`` reach the store as the pod's env does."""
 
-    kind: str  # s3, gs, az
+    kind: str  # s3 (SeaweedFS, MinIO), gs, az
     root: str  # the bucket's uri: s3://trainingrun, gs://trainingrun, az://acct/trainingrun
     endpoint: str
     secret: dict[str, str] | None
     agent_vars: dict[str, str] = field(default_factory=dict)
     region: str | None = None
+    # Whether the store lists the unfinished uploads under a folder's prefix: MinIO lists a
+    # key's own only (docs/storage.md).
+    lists_uploads_by_prefix: bool = True
 
     @classmethod
     def seaweedfs(cls, env: localenv.LocalEnv) -> Bucket:
         keys = {"AWS_ACCESS_KEY_ID": env.s3_access_key, "AWS_SECRET_ACCESS_KEY": env.s3_secret_key}
         agent = {"AWS_ENDPOINT_URL": env.s3_endpoint, "AWS_REGION": env.s3_region, **keys}
         return cls("s3", f"s3://{env.bucket}", env.s3_endpoint, keys, agent, env.s3_region)
+
+    @classmethod
+    def minio(cls, server: Minio) -> Bucket:
+        keys = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
+        agent = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_REGION": REGION, **keys}
+        return cls(
+            "s3",
+            f"s3://{server.bucket}",
+            server.endpoint,
+            keys,
+            agent,
+            REGION,
+            lists_uploads_by_prefix=False,
+        )
 
     @classmethod
     def fake_gcs(cls, endpoint: str, bucket: str) -> Bucket:
