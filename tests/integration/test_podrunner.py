@@ -3,7 +3,8 @@ its node run as local processes and their status reads like a kubelet's.
 
 Covers: init container → native sidecar → main container order and statuses; env from
 secretKeyRef, configMapKeyRef and fieldRef; a missing Secret waits as CreateContainerConfigError;
-emptyDir shared inside a pod and private to it; downward API annotations refreshed after
+emptyDir shared inside a pod and private to it; each container's TMPDIR its own, removed with the
+pod; downward API annotations refreshed after
 ``kubectl annotate``; exit codes, termination messages (file and FallbackToLogsOnError),
 StartError; a failing init container fails the pod; eviction → SIGTERM, grace, SIGKILL, sidecar
 last, pod gone; SIGKILL of a container → 137; the runner's own SIGTERM stops every process and
@@ -279,6 +280,24 @@ def test_empty_dir_is_shared_inside_a_pod_and_private_to_it(
         done = wait_phase(core_v1, namespace, name, ("Succeeded", "Failed"))
         assert terminated(done, "reader")["message"] == f"{name}\n"
     assert not Path(SCRATCH, "who").exists(), "a pod's emptyDir leaked to the host"
+
+
+def test_each_container_has_temporary_files_of_its_own_gone_with_the_pod(
+    runner: RunnerHandle, core_v1: Any, namespace: str
+) -> None:
+    # As a container's own /tmp: a trainer's temporary files (torch's among them) neither meet
+    # another container's nor outlive the pod.
+    script = 'd="${TMPDIR:?unset}"; echo mine > "$d/f"; ls "$d" > /dev/termination-log; echo "$d"'
+    create(core_v1, namespace, make_pod("temps", runner.node, [sh("a", script), sh("b", script)]))
+    done = wait_phase(core_v1, namespace, "temps", ("Succeeded", "Failed"))
+    dirs = {c: Path(runner.log_of(namespace, "temps", c).strip()) for c in ("a", "b")}
+    assert {c: terminated(done, c)["message"] for c in dirs} == {"a": "f\n", "b": "f\n"}
+    assert dirs["a"] != dirs["b"]
+    assert all(d.is_relative_to(runner.pod_dir(namespace, "temps")) for d in dirs.values())
+    assert all((d / "f").read_text() == "mine\n" for d in dirs.values())
+
+    core_v1.delete_namespaced_pod("temps", namespace, grace_period_seconds=0)
+    wait_for(lambda: not any(d.exists() for d in dirs.values()), 30, "the temporary files gone")
 
 
 def test_downward_api_annotations_follow_kubectl_annotate(

@@ -72,6 +72,7 @@ CONFIG_RETRY_S = 2.0
 MIN_SIDECAR_GRACE_S = 2  # the kubelet gives sidecars at least this much after the main ones
 SIDECAR_BACKOFF_MAX_S = 10
 DEFAULT_GRACE_S = 30
+TMP_DIR = "tmp"  # in the pod's folder: one folder per container, its TMPDIR
 
 
 @dataclass
@@ -290,6 +291,7 @@ class PodWorker:
             self._pause(1.0)
         if self.deleting or self.gone:
             shutil.rmtree(self.dir / "volumes", ignore_errors=True)
+            shutil.rmtree(self.dir / TMP_DIR, ignore_errors=True)
 
     # -- containers ----------------------------------------------------------------------------
 
@@ -307,6 +309,11 @@ class PodWorker:
         except ConfigError as e:
             c.state = {"waiting": {"reason": "CreateContainerConfigError", "message": str(e)}}
             return False
+        # A container's /tmp is its own, gone with the pod: here a folder of the pod's that the
+        # container's temporary files go to (TMPDIR), unless its spec names one.
+        scratch = self.dir / TMP_DIR / c.name
+        scratch.mkdir(parents=True, exist_ok=True)
+        env.setdefault("TMPDIR", str(scratch))
         term.write_bytes(b"")
         started = now()
         c.started_once = True
