@@ -1,8 +1,9 @@
-"""The example end to end on gs:// (fake-gcs-server) and az:// (Azurite), both runs at once: the
-operator takes each run's fence in its store, the sidecar commits there, the attempt is evicted
-(SIGTERM: the callback saves at the next step end, the sidecar drains), the next attempt's
-restore verifies and resumes, and each run's final weights, read back from its own store, are
-bitwise equal to an uninterrupted run's. The same chain on s3:// is test_full_chain.py.
+"""The example end to end on gs:// (fake-gcs-server), az:// (Azurite) and s3:// on MinIO, the three
+runs at once: the operator takes each run's fence in its store, the sidecar commits there, the
+attempt is evicted (SIGTERM: the callback saves at the next step end, the sidecar drains), the
+next attempt's restore verifies and resumes, and each run's final weights, read back from its own
+store, are bitwise equal to an uninterrupted run's. The same chain on SeaweedFS is
+test_full_chain.py.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from tests.fakegcs import FakeGcs
 from tests.integration.stores import Bucket
 from tests.integration.support import Runs, evict, read_committed
 from tests.localenv import LocalEnv
+from tests.minio import Minio
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest
 
@@ -30,6 +32,8 @@ def _on(bucket: Bucket, prefix: str, secret: str | None) -> Any:
 
     def shape(body: dict[str, Any]) -> dict[str, Any]:
         storage: dict[str, Any] = {"uri": bucket.uri(prefix), "endpoint": bucket.endpoint}
+        if bucket.region:
+            storage["region"] = bucket.region
         if secret:
             storage["credentialsSecret"] = secret
         body["spec"]["checkpoint"]["storage"] = storage
@@ -53,7 +57,7 @@ def _final_weights(bucket: Bucket, chain: Chain) -> bytes:
     return read_committed(get, f"{chain.run_key}/{entry.part_prefixes[0]}", "model.safetensors")
 
 
-def test_evicted_run_resumes_to_the_uninterrupted_weights_on_gcs_and_azure(
+def test_evicted_run_resumes_to_the_uninterrupted_weights_on_gcs_azure_and_minio(
     runs: Runs,
     localenv: LocalEnv,
     prefix: str,
@@ -61,16 +65,19 @@ def test_evicted_run_resumes_to_the_uninterrupted_weights_on_gcs_and_azure(
     core_v1: Any,
     fake_gcs: FakeGcs,
     azurite: Azurite,
+    minio: Minio,
     tmp_path: Path,
     chain_reference: tuple[bytes, dict[int, float]],
 ) -> None:
     gcs = Bucket.fake_gcs(fake_gcs.endpoint, fake_gcs.bucket)
     az = Bucket.azurite(azurite.endpoint, azurite.account, azurite.container, azurite.key)
-    core_v1.create_namespaced_secret(
-        runs.namespace,
-        client.V1Secret(metadata=client.V1ObjectMeta(name="azcreds"), string_data=az.secret),
-    )
-    for kind in ("gs", "az"):
+    s3 = Bucket.minio(minio)
+    for name, bucket in (("azcreds", az), ("miniocreds", s3)):
+        core_v1.create_namespaced_secret(
+            runs.namespace,
+            client.V1Secret(metadata=client.V1ObjectMeta(name=name), string_data=bucket.secret),
+        )
+    for kind in ("gs", "az", "s3"):
         (tmp_path / kind).mkdir()
     chains = {
         bucket.kind: (
@@ -85,7 +92,7 @@ def test_evicted_run_resumes_to_the_uninterrupted_weights_on_gcs_and_azure(
                 _on(bucket, prefix, secret),
             ),
         )
-        for bucket, secret in ((gcs, None), (az, "azcreds"))
+        for bucket, secret in ((gcs, None), (az, "azcreds"), (s3, "miniocreds"))
     }
     for _, chain in chains.values():
         chain.wait_attempt(1)
