@@ -3,7 +3,8 @@ processes against SeaweedFS and MinIO (s3://), fake-gcs-server (gs://) and Azuri
 test body per case, run on all four (the ``bucket`` fixture).
 
 - A fault: the sidecar SIGKILLed mid-upload commits nothing partial; restarted, it clears the
-  unfinished upload and commits, and the restore is bit for bit.
+  unfinished upload (not on MinIO, which does not list it under the run) and commits, and the
+  restore is bit for bit.
 - Two writers of manifest.json at once lose no step (create-only and compare-and-swap on the
   store's own versions: ETag, generation).
 - An object corrupted after its commit, a file's own or a pack's: the restore exits 3 naming
