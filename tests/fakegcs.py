@@ -11,16 +11,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import signal
-import subprocess
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
+from tests import serverproc
 from tests.localenv import free_ports, hack_output
 
 BUCKET = "trainingrun"
@@ -36,23 +33,15 @@ def binary() -> Path:
     return hack_output("build-fake-gcs.sh")
 
 
-class FakeGcs:
+class FakeGcs(serverproc.Server):
     """One emulator process on loopback; ``endpoint`` is its base URL (the ``api_endpoint``
     of a storage client), ``bucket`` the bucket made at start."""
 
+    LOG_FILE = LOG_FILE
+
     def __init__(self, state_dir: Path, bucket: str = BUCKET) -> None:
-        self.state_dir = state_dir
+        super().__init__(state_dir)
         self.bucket = bucket
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.state_dir / LOG_FILE
 
     def start(self) -> FakeGcs:
         exe = binary()
@@ -69,39 +58,20 @@ class FakeGcs:
             "-log-level=warn",
         ]
         env = {k: v for k, v in os.environ.items() if not k.startswith("FAKE_GCS_")}
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.state_dir,
-                start_new_session=True,
-            )
+        self.proc = serverproc.spawn(args, self.log_path, env)
         try:
-            self._wait_ready()
+            serverproc.wait_ready(
+                self.proc,
+                f"{self.endpoint}/_internal/healthcheck",
+                "fake-gcs-server",
+                self.log_path,
+                READY_TIMEOUT_S,
+            )
             self._create_bucket()
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        assert self.proc is not None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"fake-gcs-server exited during start; end of its log:\n{tail}")
-            with (
-                contextlib.suppress(OSError),
-                _OPENER.open(f"{self.endpoint}/_internal/healthcheck", timeout=2),
-            ):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(
-            f"fake-gcs-server not ready after {READY_TIMEOUT_S}s; see {self.log_path}"
-        )
 
     def _create_bucket(self) -> None:
         body = json.dumps({"name": self.bucket}).encode()
@@ -117,22 +87,3 @@ class FakeGcs:
         except urllib.error.HTTPError as e:
             if e.code != 409:  # already there
                 raise
-
-    def stop(self, grace_s: float = 5) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    def __enter__(self) -> FakeGcs:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

@@ -10,27 +10,21 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import secrets
-import signal
-import subprocess
-import time
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
 
+from tests import serverproc
 from tests.localenv import free_ports, hack_output
 
 BUCKET = "trainingrun"
 REGION = "us-east-1"
 READY_TIMEOUT_S = 60
 LOG_FILE = "minio.log"
-# Loopback is never reached through a proxy the caller's environment may name.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def binary() -> Path:
@@ -39,24 +33,17 @@ def binary() -> Path:
     return hack_output("build-minio.sh")
 
 
-class Minio:
+class Minio(serverproc.Server):
     """One MinIO server; ``endpoint`` is its S3 URL."""
 
+    LOG_FILE = LOG_FILE
+    STOP_GRACE_S = 10
+
     def __init__(self, state_dir: Path, bucket: str = BUCKET) -> None:
-        self.state_dir = state_dir
+        super().__init__(state_dir)
         self.bucket = bucket
-        self.port = 0
         self.access_key = "tr" + secrets.token_hex(8)
         self.secret_key = secrets.token_urlsafe(30)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def log_path(self) -> Path:
-        return self.state_dir / LOG_FILE
 
     def client(self) -> Any:
         return boto3.client(
@@ -91,53 +78,12 @@ class Minio:
                 "MINIO_REGION": REGION,
             }
         )
-        with self.log_path.open("ab") as log:
-            self.proc = subprocess.Popen(
-                args,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=self.state_dir,
-                start_new_session=True,
-            )
+        self.proc = serverproc.spawn(args, self.log_path, env)
         try:
-            self._wait_ready()
+            url = f"{self.endpoint}/minio/health/ready"
+            serverproc.wait_ready(self.proc, url, "minio", self.log_path, READY_TIMEOUT_S)
             self.client().create_bucket(Bucket=self.bucket)
         except BaseException:
             self.stop()
             raise
         return self
-
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + READY_TIMEOUT_S
-        assert self.proc is not None
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                tail = self.log_path.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"minio exited during start; end of its log:\n{tail}")
-            with (
-                contextlib.suppress(OSError),
-                _OPENER.open(f"{self.endpoint}/minio/health/ready", timeout=2),
-            ):
-                return
-            time.sleep(0.1)
-        raise RuntimeError(f"minio not ready after {READY_TIMEOUT_S}s; see {self.log_path}")
-
-    def stop(self, grace_s: float = 10) -> None:
-        proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(grace_s)
-        except subprocess.TimeoutExpired:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-
-    def __enter__(self) -> Minio:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
