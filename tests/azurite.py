@@ -14,7 +14,7 @@ on a free 127.0.0.1 port, data in memory, with the well-known development accoun
 from __future__ import annotations
 
 import contextlib
-import subprocess
+import os
 import time
 import urllib.error
 import urllib.request
@@ -24,6 +24,7 @@ from typing import Any
 from azure.core.exceptions import ResourceExistsError
 from azure.storage.blob import BlobServiceClient
 
+from tests import serverproc
 from tests.localenv import free_ports, hack_output
 
 ACCOUNT = "devstoreaccount1"
@@ -39,30 +40,26 @@ def binary() -> Path:
     return hack_output("install-azurite.sh")
 
 
-class Azurite:
+class Azurite(serverproc.Server):
     """One Azurite blob service. ``start()`` returns once it answers and the container exists;
     ``stop()`` ends it (its data is in memory and goes with it)."""
 
+    LOG_FILE = "azurite.log"
+    STOP_GRACE_S = 10
     account = ACCOUNT
     key = KEY
     container = CONTAINER
 
     def __init__(self, folder: Path, debug: bool = True) -> None:
-        self.folder = Path(folder)
+        super().__init__(Path(folder))
         self.debug = debug  # the debug log names every request: off for benchmarks
-        self.port = 0
-        self.proc: subprocess.Popen[bytes] | None = None
 
     @property
     def endpoint(self) -> str:
         return f"http://127.0.0.1:{self.port}/{ACCOUNT}"
 
-    @property
-    def log_path(self) -> Path:
-        return self.folder / "azurite.log"
-
     def start(self) -> Azurite:
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
         (self.port,) = free_ports(1)
         args = [
             str(binary()),
@@ -74,12 +71,8 @@ class Azurite:
             "--disableTelemetry",
         ]
         if self.debug:
-            args.append(f"--debug={self.folder / 'debug.log'}")
-        log = self.log_path.open("ab")
-        self.proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=self.folder
-        )
-        log.close()  # the child holds its own descriptor
+            args.append(f"--debug={self.state_dir / 'debug.log'}")
+        self.proc = serverproc.spawn(args, self.log_path, dict(os.environ))
         try:
             self._wait()
             self.create_container(CONTAINER)
@@ -119,20 +112,3 @@ class Azurite:
     def create_container(self, name: str) -> None:
         with contextlib.suppress(ResourceExistsError):
             self.service_client().create_container(name)
-
-    def stop(self) -> None:
-        if self.proc is None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.proc = None
-
-    def __enter__(self) -> Azurite:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()

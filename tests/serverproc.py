@@ -1,6 +1,7 @@
-"""A test server's process, as fake-gcs-server and MinIO run: started in a session of its own
-with its output in a log file, ready once a health URL on loopback answers, stopped with its
-whole process group. ``Server`` is what they share: a folder, a port on 127.0.0.1, a log.
+"""A test server's process, as fake-gcs-server, MinIO and Azurite run: started in a session of
+its own with its output in a log file, ready once a health URL on loopback answers (Azurite has
+a readiness rule of its own), stopped with its whole process group. ``Server`` is what they
+share: a folder, a port on 127.0.0.1, a log.
 """
 
 from __future__ import annotations

@@ -338,18 +338,17 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
             words in detail for words in CONFIG_CACHE_NOT_SYNCED
         ):
             return _config_cache_not_synced(pod, message, now)
-        since = _scheduled_at(pod)
-        if waiting["reason"] in IMAGE_PULL_REASONS and since is not None:
-            deadline = since + timedelta(seconds=IMAGE_PULL_GRACE_SECONDS)
-            if now < deadline:
-                until = deadline.strftime(TIME_FORMAT)
-                return Outcome(
-                    End.NOT_ENDED,
-                    R.IMAGE_PULL_RETRYING,
-                    f"{message} (the kubelet retries; the run fails if the image is still "
-                    f"not pulled at {until})",
-                    decide_at=deadline,
-                )
+        deadline = _after_scheduling(pod, IMAGE_PULL_GRACE_SECONDS)
+        pulling = waiting["reason"] in IMAGE_PULL_REASONS
+        if pulling and deadline is not None and now < deadline:
+            until = deadline.strftime(TIME_FORMAT)
+            return Outcome(
+                End.NOT_ENDED,
+                R.IMAGE_PULL_RETRYING,
+                f"{message} (the kubelet retries; the run fails if the image is still "
+                f"not pulled at {until})",
+                decide_at=deadline,
+            )
         return Outcome(End.PERMANENT, str(waiting["reason"]), message)
     return None
 
@@ -357,8 +356,7 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
 def _config_cache_not_synced(pod: Mapping[str, Any], message: str, now: datetime) -> Outcome:
     """The kubelet could not fill its Secret or ConfigMap cache: it retries, for
     ``CONFIG_CACHE_GRACE_SECONDS`` after the pod was scheduled; then the attempt fails."""
-    since = _scheduled_at(pod)
-    deadline = since + timedelta(seconds=CONFIG_CACHE_GRACE_SECONDS) if since else None
+    deadline = _after_scheduling(pod, CONFIG_CACHE_GRACE_SECONDS)
     if deadline is not None and now >= deadline:
         node = (pod.get("spec") or {}).get("nodeName")
         where = f"the kubelet of node {node}" if node else "the kubelet"
@@ -377,6 +375,12 @@ def _config_cache_not_synced(pod: Mapping[str, Any], message: str, now: datetime
         f"{message} (the kubelet retries until it can read it{until})",
         decide_at=min(recheck, deadline) if deadline else recheck,
     )
+
+
+def _after_scheduling(pod: Mapping[str, Any], seconds: int) -> datetime | None:
+    """``seconds`` after the pod was scheduled (``_scheduled_at``); None when unknown."""
+    since = _scheduled_at(pod)
+    return since + timedelta(seconds=seconds) if since is not None else None
 
 
 def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
