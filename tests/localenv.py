@@ -721,15 +721,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "down":
         down()
         return 0
-    env = load()
-    if env is None:
+    running = load()
+    if running is None:
         print(f"environment {env_name()} is not running", file=sys.stderr)
         return 1
     if args.command == "env":
-        print(env.shell_exports())
+        print(running.shell_exports())
         return 0
-    print(env.kubectl("get", "nodes,namespaces"))
-    print(f"S3 endpoint: {env.s3_endpoint} (bucket {env.bucket})")
+    print(running.kubectl("get", "nodes,namespaces"))
+    print(f"S3 endpoint: {running.s3_endpoint} (bucket {running.bucket})")
     return 0
 
 
