@@ -143,7 +143,7 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
     try:
         yield server.s3
     finally:
-        server.stop()
+        server.stop(keep_data=False)
 
 
 @pytest.fixture

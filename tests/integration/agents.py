@@ -81,10 +81,11 @@ class PrivateSeaweedFS:
             self.stop()
             raise
 
-    def stop(self) -> None:
+    def stop(self, keep_data: bool = True) -> None:
+        """Stops the server; ``keep_data=False`` when its folder goes next (killed at once)."""
         if self.proc is not None:
-            localenv.stop_seaweedfs(self.proc.pid)
-            self.proc.wait(timeout=30)
+            localenv.stop_seaweedfs(self.proc.pid, keep_data)
+            self.proc.wait(timeout=localenv.SEAWEEDFS_STOP_S + 15)
             self.proc = None
 
 

@@ -28,7 +28,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[S3, int]]
         assert weed.proc is not None
         yield weed.s3, weed.proc.pid
     finally:
-        weed.stop()
+        weed.stop(keep_data=False)
 
 
 @pytest.mark.timeout(900)

@@ -213,7 +213,7 @@ def test_endpoint_down_30s_during_upload_then_committed(
     finally:
         for p in syncs:
             p.close()
-        server.stop()
+        server.stop(keep_data=False)
 
 
 def test_file_changing_during_upload_is_not_committed_until_stable(

@@ -193,6 +193,40 @@ def test_broken_names_a_disk_too_full_for_seaweedfs(
         assert problem is None
 
 
+# A server that takes 0.5 s to stop on SIGTERM and leaves a mark when it did.
+SLOW_STOP = """
+import signal, sys, time
+from pathlib import Path
+def stop(*_):
+    time.sleep(0.5)
+    Path(sys.argv[1]).write_text("stopped")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, stop)
+Path(sys.argv[2]).write_text("ready")
+time.sleep(60)
+"""
+
+
+@pytest.mark.parametrize("keep_data", [True, False])
+def test_stop_seaweedfs_lets_it_stop_on_its_own_only_when_its_data_is_kept(
+    keep_data: bool, tmp_path: Path
+) -> None:
+    mark, ready = tmp_path / "stopped", tmp_path / "ready"
+    server = subprocess.Popen(
+        [sys.executable, "-c", SLOW_STOP, str(mark), str(ready)], start_new_session=True
+    )
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert ready.exists(), "the server did not start within 10 s"
+        localenv.stop_seaweedfs(server.pid, keep_data=keep_data)
+        assert server.wait(timeout=5) == (0 if keep_data else -9)
+        assert mark.exists() == keep_data
+    finally:
+        server.kill()
+
+
 def test_stop_seaweedfs_removes_the_grpc_sockets_it_leaves_in_tmp() -> None:
     # Port numbers no real server has, so no running SeaweedFS's files are touched.
     master, s3 = 70000 + os.getpid() % 10000, 80000 + os.getpid() % 10000
