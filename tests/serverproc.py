@@ -7,13 +7,13 @@ share: a folder, a port on 127.0.0.1, a log.
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 from typing import ClassVar, Self
+
+from tests.localenv import stop_pid
 
 # Loopback is never reached through a proxy the caller's environment may name.
 _OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
@@ -49,17 +49,12 @@ def wait_ready(
 
 
 def stop(proc: subprocess.Popen[bytes] | None, grace_s: float) -> None:
-    """SIGTERM to ``proc``'s group, SIGKILL after ``grace_s``; waits for it."""
+    """SIGTERM to ``proc``'s group, SIGKILL after ``grace_s`` (``localenv.stop_pid``); waits
+    for it."""
     if proc is None or proc.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(grace_s)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    stop_pid(proc.pid, grace_s)
+    proc.wait()
 
 
 class Server:

@@ -37,23 +37,21 @@ class Bucket:
 
     @classmethod
     def seaweedfs(cls, env: localenv.LocalEnv) -> Bucket:
-        keys = {"AWS_ACCESS_KEY_ID": env.s3_access_key, "AWS_SECRET_ACCESS_KEY": env.s3_secret_key}
-        agent = {"AWS_ENDPOINT_URL": env.s3_endpoint, "AWS_REGION": env.s3_region, **keys}
-        return cls("s3", f"s3://{env.bucket}", env.s3_endpoint, keys, agent, env.s3_region)
+        keys = (env.s3_access_key, env.s3_secret_key)
+        return cls._s3(env.bucket, env.s3_endpoint, *keys, env.s3_region)
 
     @classmethod
     def minio(cls, server: Minio) -> Bucket:
-        keys = {"AWS_ACCESS_KEY_ID": server.access_key, "AWS_SECRET_ACCESS_KEY": server.secret_key}
-        agent = {"AWS_ENDPOINT_URL": server.endpoint, "AWS_REGION": REGION, **keys}
-        return cls(
-            "s3",
-            f"s3://{server.bucket}",
-            server.endpoint,
-            keys,
-            agent,
-            REGION,
-            lists_uploads_by_prefix=False,
-        )
+        keys = (server.access_key, server.secret_key)
+        return cls._s3(server.bucket, server.endpoint, *keys, REGION, lists_uploads_by_prefix=False)
+
+    @classmethod
+    def _s3(
+        cls, bucket: str, endpoint: str, access_key: str, secret_key: str, region: str, **kw: bool
+    ) -> Bucket:
+        keys = {"AWS_ACCESS_KEY_ID": access_key, "AWS_SECRET_ACCESS_KEY": secret_key}
+        agent = {"AWS_ENDPOINT_URL": endpoint, "AWS_REGION": region, **keys}
+        return cls("s3", f"s3://{bucket}", endpoint, keys, agent, region, **kw)
 
     @classmethod
     def fake_gcs(cls, endpoint: str, bucket: str) -> Bucket:
