@@ -15,8 +15,9 @@ and its subdomains): those are the signals it reads back from the pod, set by it
 
 A gang (``spec.replicas`` > 1) is one such pod per rank, ``<run>-<attempt>-<rank>``, with the
 rank label, ``hostname`` and ``subdomain`` so that the run's headless Service (``build_service``)
-gives each a DNS name, torchrun's ``PET_*`` environment in the trainer container and the rank in
-the sidecar's (each rank's sidecar writes its own part of every checkpoint).
+gives each a DNS name, torchrun's ``PET_*`` environment in the trainer container (the master
+address is rank 0's fully qualified name, ``master_addr``) and the rank in the sidecar's (each
+rank's sidecar writes its own part of every checkpoint).
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ from trainingrun import contract as c
 from trainingrun.api import GROUP, KIND, VERSION, TrainingRunSpec
 from trainingrun.decide.agents import agent_user, metrics_env, security_context
 from trainingrun.manifest import checkpoint_dirname, checkpoint_prefix
+
+CLUSTER_DOMAIN = "cluster.local"  # the kubelet's default --cluster-domain
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class AgentSettings:
     # How long the sync sidecar goes on through nothing but access denied (credentials rotated
     # or revoked) before it exits, so the kubelet restarts it with the Secret's current keys.
     access_denied_seconds: int = 300
+    # The cluster's DNS domain: a gang's master address is rank 0's fully qualified name in it.
+    cluster_domain: str = CLUSTER_DOMAIN
     resources: dict[str, Any] = field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -86,10 +91,12 @@ def service_name(run_name: str) -> str:
     return run_name
 
 
-def master_addr(run: RunRef, attempt: int) -> str:
-    """Rank 0's DNS name in the short form the namespace's search domain completes, as
-    Kubeflow Trainer gives it: ``<run>-<attempt>-0.<service>``."""
-    return f"{pod_name(run.name, attempt, 0, run.spec.replicas)}.{service_name(run.name)}"
+def master_addr(run: RunRef, attempt: int, cluster_domain: str = CLUSTER_DOMAIN) -> str:
+    """Rank 0's fully qualified DNS name, ``<run>-<attempt>-0.<service>.<namespace>.svc.<cluster
+    domain>``: a short name is completed by the pod's DNS search list, whose first hit may be
+    a Service of that name in another namespace."""
+    rank0 = pod_name(run.name, attempt, 0, run.spec.replicas)
+    return f"{rank0}.{service_name(run.name)}.{run.namespace}.svc.{cluster_domain}"
 
 
 DNS_LABEL_MAX = 63
@@ -180,7 +187,11 @@ def storage_env(run: RunRef) -> list[dict[str, Any]]:
 
 
 def trainer_env(
-    run: RunRef, attempt: int, resume: Resume | None, rank: int = 0
+    run: RunRef,
+    attempt: int,
+    resume: Resume | None,
+    rank: int = 0,
+    cluster_domain: str = CLUSTER_DOMAIN,
 ) -> list[dict[str, Any]]:
     local = run.spec.checkpoint.local_path
     resume_from = (posixpath.join(local, resume.path).rstrip("/") or "/") if resume else ""
@@ -201,7 +212,7 @@ def trainer_env(
             _env(c.ENV_REPLICAS, str(replicas)),
             _env(c.ENV_PET_NNODES, str(replicas)),
             _env(c.ENV_PET_NODE_RANK, str(rank)),
-            _env(c.ENV_PET_MASTER_ADDR, master_addr(run, attempt)),
+            _env(c.ENV_PET_MASTER_ADDR, master_addr(run, attempt, cluster_domain)),
             _env(c.ENV_PET_MASTER_PORT, str(run.spec.gang.master_port)),
         ]
     return env
@@ -324,7 +335,9 @@ def build_pod(
         if container.get("name") == c.TRAINER_CONTAINER:
             user = agent_user(pod_spec, container)
             env = list(container.get("env") or [])
-            container["env"] = _merge_env(env, trainer_env(run, attempt, resume, rank))
+            container["env"] = _merge_env(
+                env, trainer_env(run, attempt, resume, rank, settings.cluster_domain)
+            )
             mounts = container.get("volumeMounts") or []
             ours_out = [m for m in mounts if m.get("name") != c.CHECKPOINT_VOLUME]
             container["volumeMounts"] = [*ours_out, _mount(local)]
