@@ -117,7 +117,13 @@ class Target:
 class Splitter:
     """A sink for a pack's bytes from offset 0 on, in order: writes each file's bytes to its
     destination and checksums them as they land. ``finish`` closes the files and names every
-    one whose size or checksum is wrong."""
+    one whose size or checksum is wrong.
+
+    Bytes no target claims are read past, unchecked: a member the restore does not download
+    from this pack because another rank wrote the same file (same size and checksum) and that
+    copy is the one kept (``protocol.merged_files``). They land nowhere, so nothing the trainer
+    reads depends on them, and refusing the checkpoint over them would fall back from one whose
+    every restored file verifies."""
 
     def __init__(self, targets: list[Target], algo: Algorithm) -> None:
         self.targets = sorted(targets, key=lambda t: t.offset)
@@ -139,6 +145,11 @@ class Splitter:
             if self.index >= len(self.targets):
                 raise Overrun(f"{view.nbytes} bytes past the end of its last file")
             t = self.targets[self.index]
+            if self.at < t.offset:  # a member no target claims: read past it
+                skip = min(t.offset - self.at, view.nbytes)
+                self.at += skip
+                view = view[skip:]
+                continue
             take = view[: t.offset + t.size - self.at]
             _write_all(self._fd(self.index), take)
             if self.algo.combinable:

@@ -296,7 +296,11 @@ def download(
             packs.setdefault(key, []).append(
                 Target(f.path, str(dest), f.offset, f.size, f.checksum)
             )
-    total = sum(f.size for _, f in named)
+    # What is read: a pack's bytes up to its last file kept, those of a file another rank's
+    # copy stands for included (read past, trainingrun.packs.Splitter).
+    total = sum(f[2] for f in files) + sum(
+        max(t.offset + t.size for t in ts) for ts in packs.values()
+    )
     progress = Progress(what, total, len(named), on_bytes=metrics.bytes.inc)
     transfer = Download(store, s.transfer)
     try:
