@@ -5,11 +5,11 @@ and downloads every file the parts name (all ranks' files: the whole checkpoint)
 ranged GETs into a staging folder, verifies each size and checksum as it lands, and only then
 moves it where its layout goes: ``checkpoint-<step>/`` for the HF Trainer (marked complete, so
 sync does not upload it again), else the entry's ``layout.base``, with the framework's pointer
-files (``layout.extras``) written beside it. Object names that would escape the folder, or that
-one folder cannot hold together (a file ``a`` and a file ``a/b``), are refused before anything
-is written; so is a checkpoint larger than the room the folder has: its volume's free space and,
-under ``TRAININGRUN_SIZE_LIMIT`` (``spec.checkpoint.sizeLimit``), that limit less what the
-folder already holds.
+files (``layout.extras``, but not one named like a checkpoint file) written beside it. Object
+names that would escape the folder, or that one folder cannot hold together (a file ``a`` and a
+file ``a/b``), are refused before anything is written; so is a checkpoint larger than the room
+the folder has: its volume's free space and, under ``TRAININGRUN_SIZE_LIMIT``
+(``spec.checkpoint.sizeLimit``), that limit less what the folder already holds.
 
 Exit codes (documented in docs/, read by the operator):
 
@@ -242,9 +242,10 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
 
     log.info("%s: downloading %d files, %s", what, len(named), format_bytes(total))
     started = time.monotonic()
+    extras = extras_beside(what, layout, {f.path for _, f in named})
     try:
         download(store, s, named, staging, metrics)
-        place(staging, final, layout)
+        place(staging, final, layout, extras)
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in DISK_FULL:
@@ -313,16 +314,33 @@ def download(
         transfer.close()
 
 
-def place(staging: Path, final: Path, layout: Layout | None) -> None:
+def extras_beside(what: str, layout: Layout | None, paths: set[str]) -> dict[str, str]:
+    """The layout's extra files to write beside the checkpoint: not one named like a checkpoint
+    file, which would replace that file after its checksum was verified (the file, as the
+    trainer wrote it, is kept)."""
+    extras = dict(layout.extras) if layout else {}
+    for clash in sorted(paths.intersection(extras)):
+        log.warning(
+            "%s: not writing the layout's extra file %r: it is also a checkpoint file, which "
+            "is kept as downloaded and verified",
+            what,
+            clash,
+        )
+        del extras[clash]
+    return extras
+
+
+def place(staging: Path, final: Path, layout: Layout | None, extras: dict[str, str]) -> None:
     """Puts the verified files where their layout goes: the HF Trainer's folder marked
-    complete, else the files and the framework's pointer files under the layout's base."""
+    complete, else the files and the framework's pointer files (``extras``, from
+    ``extras_beside``) under the layout's base."""
     if layout is None:
         shutil.rmtree(final, ignore_errors=True)
         local.mark_complete(staging)
         local.share(staging)
         staging.rename(final)
     else:
-        for relative, text in layout.extras.items():
+        for relative, text in extras.items():
             target_path(staging, relative).write_text(text)
         local.share(staging)
         move_into(staging, final)
