@@ -1,6 +1,7 @@
 """Reading what is committed: the run manifest, a checkpoint's parts, and the choice of the
 checkpoint to resume from. Used by the operator, the restore, the user commands and the
-committer; reads only what a committed entry names (``ManifestEntry.part_prefixes``).
+committer; reads only what a committed entry names (its parts, rank by rank), within the caps
+of ``trainingrun.capped``.
 """
 
 from __future__ import annotations
@@ -10,6 +11,8 @@ from dataclasses import dataclass
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     CHECKPOINT_MANIFEST_MAX_BYTES,
+    MAX_CHECKPOINT_FILES,
+    MAX_CHECKPOINT_RECORD_BYTES,
     RUN_MANIFEST,
     RUN_MANIFEST_MAX_BYTES,
     CheckpointManifest,
@@ -17,6 +20,7 @@ from trainingrun.manifest import (
     ManifestEntry,
     ManifestError,
     RunManifest,
+    checkpoint_prefix,
     listing_problems,
     parse_checkpoint_manifest,
     parse_run_manifest,
@@ -83,12 +87,25 @@ class Committed:
 def read_committed(store: Store, run: Location, entry: ManifestEntry) -> Committed:
     """The parts of a committed entry and the files they hold together. Raises ManifestError
     naming a part that is missing or malformed, or two ranks that wrote one path with
-    different bytes."""
+    different bytes; ManifestTooLarge once its parts hold more than MAX_CHECKPOINT_FILES files
+    or MAX_CHECKPOINT_RECORD_BYTES of records, before the next part is read."""
+    if entry.files > MAX_CHECKPOINT_FILES:
+        raise too_large(checkpoint_prefix(entry.step), entry.files, MAX_CHECKPOINT_FILES, "files")
     parts = []
-    for rank, prefix in enumerate(entry.part_prefixes):
-        part = read_part(store, run, entry.step, entry.epoch, rank)
-        if part is None:
-            raise ManifestError(f"{prefix}{CHECKPOINT_MANIFEST} is missing")
+    files = record_bytes = 0
+    for rank in range(entry.ranks):  # at most MAX_RANKS: the manifest's parse held it
+        prefix = part_prefix(entry.step, entry.epoch, rank)
+        what = prefix + CHECKPOINT_MANIFEST
+        data = _read(store, run, what, CHECKPOINT_MANIFEST_MAX_BYTES)
+        if data is None:
+            raise ManifestError(f"{what} is missing")
+        record_bytes += len(data)
+        if record_bytes > MAX_CHECKPOINT_RECORD_BYTES:
+            raise too_large(f"the part records up to {what}", None, MAX_CHECKPOINT_RECORD_BYTES)
+        part = parse_checkpoint_manifest(data, entry.step, entry.epoch, rank)
+        files += len(part.files)
+        if files > MAX_CHECKPOINT_FILES:
+            raise too_large(f"the parts up to {what}", files, MAX_CHECKPOINT_FILES, "files")
         parts.append((prefix, part))
     return Committed(entry, parts, merged_files(parts))
 

@@ -16,26 +16,59 @@ entries read as epoch 0 with one rank and keep that layout (``part_prefixes``).
 This module is pure: the models, parsing, validation, key layout and the choice of candidates,
 with no storage client.
 
-Every reader caps what it decodes (``ManifestTooLarge``): the operator reads every tenant's
-manifests, which anyone with write access to a bucket can make (a 23 MiB manifest.json once
-took 245 MiB of the operator's memory). File names reach Events and the CLI: they must be
-printable and at most ``MAX_NAME_BYTES`` long.
+Every reader caps what it decodes (``trainingrun.capped``: bytes, checkpoints, files, ranks):
+the operator reads every tenant's manifests, which anyone with write access to a bucket can
+make. File names reach Events and the CLI: they must be printable and at most
+``MAX_NAME_BYTES`` long.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
-from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+# The caps and errors every reader of a manifest uses, named here as before they had a module.
+from trainingrun.capped import (
+    CHECKPOINT_MANIFEST_MAX_BYTES,
+    MAX_CHECKPOINT_FILES,
+    MAX_CHECKPOINT_RECORD_BYTES,
+    MAX_ENTRIES,
+    MAX_FILES,
+    MAX_NAME_BYTES,
+    MAX_RANKS,
+    RUN_MANIFEST,
+    RUN_MANIFEST_MAX_BYTES,
+    VALUES_PER_ENTRY,
+    VALUES_PER_FILE,
+    Caps,
+    ManifestError,
+    ManifestTooLarge,
+    decode,
+    too_large,
+)
+
+__all__ = [
+    "CHECKPOINT_MANIFEST_MAX_BYTES",
+    "MAX_CHECKPOINT_FILES",
+    "MAX_CHECKPOINT_RECORD_BYTES",
+    "MAX_ENTRIES",
+    "MAX_FILES",
+    "MAX_NAME_BYTES",
+    "MAX_RANKS",
+    "RUN_MANIFEST",
+    "RUN_MANIFEST_MAX_BYTES",
+    "ManifestError",
+    "ManifestTooLarge",
+    "too_large",
+]
 
 MANIFEST_VERSION = 2
 # A part whose small files are packed (``pack`` on its files) is version 3, so a reader from
 # before packs refuses it by name instead of looking for objects that are not there.
 PACKED_VERSION = 3
-RUN_MANIFEST = "manifest.json"
 CHECKPOINT_MANIFEST = "MANIFEST.json"
 CHECKPOINTS_DIR = "checkpoints"
 # Where a part's packs go, beside its files: objects holding many small files back to back
@@ -43,46 +76,21 @@ CHECKPOINTS_DIR = "checkpoints"
 PACK_DIR = ".trainingrun-packs"
 
 
-# Caps on what a reader takes. The sidecar writes about half a KiB per kept checkpoint to
-# manifest.json and about 150 bytes per file to a MANIFEST.json.
-RUN_MANIFEST_MAX_BYTES = 4 << 20
-CHECKPOINT_MANIFEST_MAX_BYTES = 8 << 20
-MAX_ENTRIES = 1000  # checkpoints in manifest.json: spec.checkpoint.keep is at most 1000
-MAX_FILES = 10_000  # files in one rank's part of a checkpoint
-MAX_NAME_BYTES = 255  # a file's path in a checkpoint, UTF-8
-# Decoded, a byte of JSON can take 25 bytes of memory (a list of {}), so before decoding the
-# values are counted (commas and brackets; those inside names count too, hence the room):
-# a file has 5, an entry about 13 and its layout's extra files.
-VALUES_PER_FILE, VALUES_PER_ENTRY = 8, 48
-
-
-class ManifestError(ValueError):
-    """A manifest that cannot be trusted; the message names the problem and the fix."""
-
-
-class ManifestTooLarge(ManifestError):
-    """A manifest over a reader's cap (bytes, checkpoints listed, files of a part)."""
-
-
-def too_large(what: str, size: int | None, cap: int) -> ManifestTooLarge:
-    """The error for a manifest of ``size`` bytes (None: unknown) over ``cap``, with the fix."""
-    told = f"{size} bytes" if size is not None else "larger"
-    return ManifestTooLarge(f"{what} is {told}, over the cap of {cap} bytes: {_fix(what)}")
-
-
-def _fix(what: str) -> str:
-    """What to do about a manifest over its cap; ``what`` is its key or its name."""
-    if posixpath.basename(what) == RUN_MANIFEST:
-        return (
-            "the sync sidecar keeps it to about half a KiB per kept checkpoint (at most 1000), "
-            "so something else wrote it: put back a good copy (the bucket's object versions) "
-            "and find who writes to the run's prefix"
-        )
-    return "this checkpoint cannot be used; save fewer files per rank (larger shards)"
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
+
+
+def _at_most_max_ranks(ranks: int) -> int:
+    if ranks > MAX_RANKS:
+        raise ValueError(
+            f"ranks is {ranks}; a checkpoint has at most {MAX_RANKS} (the most spec.replicas "
+            "allows), so the sync sidecar did not write it"
+        )
+    return ranks
+
+
+# Checked before anything is built per rank.
+Ranks = Annotated[int, Field(ge=1), AfterValidator(_at_most_max_ranks)]
 
 
 def checkpoint_dirname(step: int) -> str:
@@ -216,8 +224,8 @@ class CheckpointManifest(_Model):
     created: str
     epoch: int = Field(default=0, ge=0)
     attempt: int = Field(default=0, ge=0)
-    rank: int = Field(default=0, ge=0)
-    ranks: int = Field(default=1, ge=1)
+    rank: int = Field(default=0, ge=0, lt=MAX_RANKS)
+    ranks: Ranks = 1
     layout: Layout | None = Field(default=None, description="None: checkpoint-<step>/.")
     upload_seconds: float | None = Field(
         default=None, ge=0, description="What this rank's upload and verify took, if measured."
@@ -236,7 +244,7 @@ class ManifestEntry(_Model):
     bytes: int = Field(ge=0)
     epoch: int = Field(default=0, ge=0, description="The fence it was committed under.")
     attempt: int = Field(default=0, ge=0, description="The attempt that wrote it, if known.")
-    ranks: int = Field(default=1, ge=1, description="How many parts it has.")
+    ranks: Ranks = Field(default=1, description="How many parts it has.")
     layout: Layout | None = Field(default=None, description="None: checkpoint-<step>/.")
     upload_seconds: float | None = Field(
         default=None,
@@ -276,19 +284,7 @@ class RunManifest(_Model):
         return json.dumps(body, indent=1, sort_keys=True).encode()
 
 
-@dataclass(frozen=True)
-class _Caps:
-    """What one kind of manifest may hold: bytes, and items of its list ``field``."""
-
-    max_bytes: int
-    field: str
-    noun: str
-    max_items: int
-    values_per_item: int
-    newest: int  # the newest version this build reads
-
-
-_RUN_CAPS = _Caps(
+_RUN_CAPS = Caps(
     RUN_MANIFEST_MAX_BYTES,
     "entries",
     "checkpoints",
@@ -296,50 +292,13 @@ _RUN_CAPS = _Caps(
     VALUES_PER_ENTRY,
     MANIFEST_VERSION,
 )
-_PART_CAPS = _Caps(
+_PART_CAPS = Caps(
     CHECKPOINT_MANIFEST_MAX_BYTES, "files", "files", MAX_FILES, VALUES_PER_FILE, PACKED_VERSION
 )
 
 
-def _check_caps(data: bytes, what: str, caps: _Caps) -> None:
-    """ManifestTooLarge before decoding when ``data`` is over the byte cap, or holds more values
-    than ``max_items`` items can have; the exact count is checked once decoded."""
-    if len(data) > caps.max_bytes:
-        raise too_large(what, len(data), caps.max_bytes)
-    values = data.count(b",") + data.count(b"{") + data.count(b"[")
-    if values > caps.max_items * caps.values_per_item + 64:
-        raise _too_many(what, caps, None)
-
-
-def _too_many(what: str, caps: _Caps, count: int | None) -> ManifestTooLarge:
-    """The error for a manifest listing ``count`` items (None: too many values to decode)."""
-    if count is None:
-        listed = f"holds more JSON values than {caps.max_items} {caps.noun} can have"
-    else:
-        listed = f"lists {count} {caps.noun}, over the cap of {caps.max_items}"
-    return ManifestTooLarge(f"{what} {listed}: {_fix(what)}")
-
-
-def _parse(model: type[_Model], data: bytes, what: str, caps: _Caps) -> Any:
-    _check_caps(data, what, caps)
-    try:
-        raw = json.loads(data)
-    # ValueError also covers integers past Python's digit limit; RecursionError, deep nesting.
-    except (ValueError, RecursionError) as e:
-        raise ManifestError(f"{what} is not valid JSON ({e}); it was not written by sync") from e
-    if not isinstance(raw, dict):
-        raise ManifestError(f"{what} must be a JSON object, got {type(raw).__name__}")
-    version = raw.get("version")
-    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
-        raise ManifestError(f"{what} has no positive integer 'version'")
-    if version > caps.newest:
-        raise ManifestError(
-            f"{what} has version {version}, newer than the {caps.newest} this build reads: "
-            "upgrade the operator and agent images"
-        )
-    items = raw.get(caps.field)
-    if isinstance(items, list) and len(items) > caps.max_items:
-        raise _too_many(what, caps, len(items))
+def _parse(model: type[_Model], data: bytes, what: str, caps: Caps) -> Any:
+    raw = decode(data, what, caps)
     try:
         return model.model_validate(raw)
     except ValidationError as e:
