@@ -7,7 +7,8 @@ and this module alone decides what 404, 409 and 422 mean.
 - 403 on create: ``Forbidden`` (quota, terminating namespace, admission), retried later.
 - 403 on a pod's annotation: ``Forbidden`` (no Role in that namespace, an admission policy);
   the caller goes on with the pods of other namespaces.
-- 409 on a DELETE with a UID precondition: the name is another pod's now: nothing deleted.
+- 409 on a DELETE with a UID precondition: the name is another pod's (or Workload's) now:
+  nothing deleted.
 - Any other answer, or none, to a DELETE of an old attempt's pod: ``ApiError``, retried later.
 """
 
@@ -171,6 +172,33 @@ class Kube:
             plural=plural,
             name=meta["name"],
         )
+
+    def delete_object(
+        self,
+        group: str,
+        version: str,
+        plural: str,
+        name: str,
+        namespace: str,
+        uid: str | None = None,
+    ) -> bool:
+        """Deletes a namespaced custom object if it is still the one with ``uid`` (a
+        precondition: an object that took the name since is never deleted). True when the API
+        server accepted the DELETE; False when it is gone (404) or the name is another
+        object's (409); Forbidden on 403."""
+        options: dict[str, Any] = {"propagationPolicy": "Background"}
+        if uid:
+            options["preconditions"] = {"uid": uid}
+        where = {"group": group, "version": version, "plural": plural, "name": name}
+        try:
+            self.rest.call("DELETE", CUSTOM_ONE, options, namespace=namespace, **where)
+        except HttpError as e:
+            if e.status in (404, 409):
+                return False
+            if e.status == 403:
+                raise Forbidden(e.message) from e
+            raise
+        return True
 
     # -- Pods -------------------------------------------------------------------------------
 

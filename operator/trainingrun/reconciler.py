@@ -50,7 +50,7 @@ from trainingrun.manifest import ManifestError
 from trainingrun.notices import Notices, PodAnnotator
 from trainingrun.oldpods import OldPods, PodDeleter
 from trainingrun.opmetrics import OperatorMetrics
-from trainingrun.queues import ObjectApi, Queues
+from trainingrun.queues import ObjectApi, Queues, Seen
 from trainingrun.settings import OperatorSettings
 from trainingrun.starter import Starter
 from trainingrun.statuswriter import StatusApi, StatusWriter, storage_refused
@@ -112,6 +112,7 @@ class Reconciler:
         self.view.runs.gone((namespace, name), None)
         self.old_pods.forget(namespace, name)
         self.launcher.forget(namespace, name)
+        self.queues.forget(namespace, name)
 
     def reconcile(self, namespace: str, name: str) -> float | None:
         """Passes for one run until nothing new happened during the last; returns seconds
@@ -147,7 +148,7 @@ class Reconciler:
             self.notices.remember((namespace, name), None)
             if run is None or meta.get("deletionTimestamp"):
                 return None
-            self.queues.settle(run, status, None, self.view, self._now())  # Finished
+            self.queues.settle(run, status, Seen(), self.view, self._now())  # Finished
             return self.old_pods.sweep(run, 0, self._now())  # the pods asked to go, until gone
         generation, now = int(meta.get("generation") or 0), self._now()
         try:
@@ -164,7 +165,6 @@ class Reconciler:
 
         gang = observe_gang(self.view, ref, status, now)
         self.notices.pass_on(gang, spec)
-        queue, workload = self.queues.observe(run, ref, status, self.settings.agent)
         first = gang[0]
         obs = Observed(
             name=name,
@@ -177,14 +177,18 @@ class Reconciler:
             latest=None,
             now=now,
             peers=tuple(gang[1:]),
-            queue=queue,
         )
         begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
+        ended = begun and attempt_outcome(obs).ended
+        # Kueue's answer, once it is known whether an attempt runs under the Workload's
+        # admission (it goes on) or the next one would start (only under an admission given
+        # for the current template).
+        queued = self.queues.observe(run, ref, status, self.settings.agent, begun and not ended)
+        obs = replace(obs, queue=queued.queue)
         # An attempt's end, and the warning that it committed nothing, are judged on the bucket
         # manifest itself rather than the last refresh (up to checkpoint_refresh_seconds old).
         # The plan of a running attempt is made before the read, to see whether it warns; it
         # is the pass's plan too when the read brings no checkpoint (the same observation).
-        ended = begun and attempt_outcome(obs).ended
         running = plan(obs) if begun and not ended else None
         due = ended or (running is not None and running.warns_unprotected)
         try:
@@ -195,8 +199,8 @@ class Reconciler:
         obs = replace(obs, latest=seen.latest)
         p = made if made is not None else plan(obs)
         again = self._apply(run, ref, obs, p, seen.seen)
-        self.queues.settle(run, p.status, workload, self.view, self._now())
-        return sooner(again, self.queues.poll_after(queue, p.status))
+        self.queues.settle(run, p.status, queued, self.view, self._now())
+        return sooner(again, self.queues.poll_after(queued, p.status))
 
     def _apply(
         self,

@@ -13,10 +13,18 @@ the pods first, gated.
 
 One Workload per run (not per attempt): it keeps its place in the queue, its requeue state and
 its priority across attempts; its pod sets are those of one attempt (with replicas, the gang).
+
+An admission is the run's and its template's alone (``answer``): a Workload of the run's name
+whose controller owner is not the run (a deleted run's, anyone's) is never adopted, and one made
+for another pod template (its ``ANNOTATION_ADMISSION``, the hash of what Kueue admits by, is not
+the current template's) admits no new attempt: the run is re-queued, the Workload finished as
+``OutOfSync`` (``replaced``) and deleted, and a new one created for the template.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
@@ -33,6 +41,19 @@ LABEL_QUEUE = "kueue.x-k8s.io/queue-name"  # on the TrainingRun: queue it with K
 LABEL_PRIORITY = "kueue.x-k8s.io/priority-class"  # a WorkloadPriorityClass name
 PRIORITY_SOURCE = "kueue.x-k8s.io/workloadpriorityclass"
 POD_SET = "main"
+# The hash of the template fields Kueue admits by (``admission_hash``) the Workload was made for.
+ANNOTATION_ADMISSION = "trainingrun.dev/admission-hash"
+# What of the pod template decides an admission: quota (resources), flavours (placement),
+# priority; not the images, commands or environment, whose change needs no new admission.
+ADMITTED_BY = (
+    "nodeSelector",
+    "tolerations",
+    "affinity",
+    "priorityClassName",
+    "runtimeClassName",
+    "overhead",
+    "resources",
+)
 
 
 def workload_name(run: str) -> str:
@@ -44,16 +65,38 @@ def queue_name(labels: Mapping[str, str] | None) -> str | None:
     return (labels or {}).get(LABEL_QUEUE) or None
 
 
+def admission_hash(template: Mapping[str, Any], replicas: int) -> str:
+    """The hash of what Kueue admits a run by: ``replicas`` and, of the pod template, each
+    container's and init container's name, resources and restartPolicy, and the pod's
+    placement, priority and pod-level resources (``ADMITTED_BY``)."""
+    spec = template.get("spec") or {}
+
+    def sized(containers: Any) -> list[dict[str, Any]]:
+        keys = ("name", "resources", "restartPolicy")
+        return [{k: c[k] for k in keys if k in c} for c in containers or [] if isinstance(c, dict)]
+
+    shape = {
+        "replicas": replicas,
+        "containers": sized(spec.get("containers")),
+        "initContainers": sized(spec.get("initContainers")),
+        **{k: spec[k] for k in ADMITTED_BY if spec.get(k)},
+    }
+    raw = json.dumps(shape, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(raw.encode()).hexdigest()[:32]
+
+
 def build_workload(
     run: Mapping[str, Any],
     pod: Mapping[str, Any],
     replicas: int,
     priority: tuple[str, int] | None,
+    admission: str = "",
 ) -> dict[str, Any]:
     """The run's Workload: owned by the run (it goes with it), one pod set of ``replicas``
     pods shaped like ``pod`` (an attempt's pod as the operator builds it, with the sync
-    sidecar and the restore container, whose requests count too), and the priority of the
-    run's WorkloadPriorityClass (name, value) when it names one."""
+    sidecar and the restore container, whose requests count too), the priority of the
+    run's WorkloadPriorityClass (name, value) when it names one, and ``admission``, the
+    ``admission_hash`` of the template it is made for."""
     meta = run["metadata"]
     spec = pod.get("spec") or {}
     template_spec: dict[str, Any] = {
@@ -73,6 +116,7 @@ def build_workload(
             "namespace": meta["namespace"],
             # The job UID label names the run in Kueue's preemption messages.
             "labels": {LABEL_RUN: meta["name"], "kueue.x-k8s.io/job-uid": meta["uid"]},
+            **({"annotations": {ANNOTATION_ADMISSION: admission}} if admission else {}),
             "ownerReferences": [
                 {
                     "apiVersion": run["apiVersion"],
@@ -142,6 +186,61 @@ def queue_of(workload: Mapping[str, Any] | None, queue: str, installed: bool) ->
     return Queue(False, R.QUEUED, f"queued in LocalQueue {queue!r}: {detail}")
 
 
+def owner_of(workload: Mapping[str, Any]) -> str:
+    """The Workload's controller owner in words, for a message."""
+    refs = (workload.get("metadata") or {}).get("ownerReferences") or []
+    ref = next((r for r in refs if r.get("controller")), None)
+    if ref is None:
+        return "no controller owner"
+    return f"owned by {ref.get('kind')}/{ref.get('name')} uid {ref.get('uid')}"
+
+
+def owned_by(workload: Mapping[str, Any], run_uid: str) -> bool:
+    """The Workload is the run's own: its controller owner reference names the run's UID."""
+    refs = (workload.get("metadata") or {}).get("ownerReferences") or []
+    return any(r.get("uid") == run_uid and r.get("controller") for r in refs)
+
+
+def out_of_sync(workload: Mapping[str, Any], admission: str) -> bool:
+    """Made for another pod template than the one whose hash is ``admission`` (or, made before
+    the hash was recorded, for an unknown one)."""
+    annotations = (workload.get("metadata") or {}).get("annotations") or {}
+    return annotations.get(ANNOTATION_ADMISSION) != admission
+
+
+def answer(
+    workload: Mapping[str, Any], queue: str, run_uid: str, admission: str, running: bool
+) -> Queue:
+    """What an existing Workload of the run's name means for the run whose UID is ``run_uid``
+    and whose template's ``admission_hash`` is ``admission``. Another's Workload: the run
+    waits, the Workload is left alone. One being deleted: the run waits for it to go. One made
+    for another template: re-queued, unless an attempt is ``running`` (started under that
+    admission, for the template it then had: it goes on, and the next attempt waits)."""
+    meta = workload.get("metadata") or {}
+    name = meta.get("name", "")
+    if not owned_by(workload, run_uid):
+        return Queue(
+            False,
+            R.WORKLOAD_FAILED,
+            f"the Workload {name} exists and is not this run's ({owner_of(workload)}): its "
+            "admission is not this run's; waiting for it to go (a deleted run's Workload goes "
+            "with that run), or delete it",
+        )
+    if meta.get("deletionTimestamp"):
+        return Queue(
+            False, R.QUEUED, f"the Workload {name} is being deleted: a new one follows once gone"
+        )
+    if out_of_sync(workload, admission) and not running:
+        return Queue(
+            False,
+            R.QUEUED,
+            f"re-queued: the pod template changed since Kueue admitted the Workload {name} "
+            "(resources, placement or replicas): it is replaced by a new one for the current "
+            f"template once the run has no pod left, in LocalQueue {queue!r}",
+        )
+    return queue_of(workload, queue, installed=True)
+
+
 def _with_condition(
     workload: Mapping[str, Any], ctype: str, status: str, reason: str, message: str, now: datetime
 ) -> list[dict[str, Any]]:
@@ -183,13 +282,21 @@ def released(workload: Mapping[str, Any], now: datetime) -> dict[str, Any] | Non
 
 
 def finished(
-    workload: Mapping[str, Any], succeeded: bool, message: str, now: datetime
+    workload: Mapping[str, Any], succeeded: bool, message: str, now: datetime, reason: str = ""
 ) -> dict[str, Any] | None:
     """The workload's status once the run ended (its quota goes back for good); None when it
-    says so already."""
+    says so already. ``reason``: Kueue's Finished reason, else Succeeded or Failed."""
     if _true(workload, "Finished"):
         return None
     status = dict(workload.get("status") or {})
-    reason = "Succeeded" if succeeded else "Failed"
+    reason = reason or ("Succeeded" if succeeded else "Failed")
     status["conditions"] = _with_condition(workload, "Finished", "True", reason, message, now)
     return status
+
+
+def replaced(workload: Mapping[str, Any], now: datetime) -> dict[str, Any] | None:
+    """The status of a Workload made for another pod template, before it is deleted: Finished
+    as ``OutOfSync`` (Kueue's own reason for a Workload out of sync with its job), which gives
+    its quota back; None when it is finished already."""
+    message = "the TrainingRun's pod template changed: replaced by a new Workload"
+    return finished(workload, False, message, now, reason="OutOfSync")
