@@ -6,7 +6,10 @@ of ``trainingrun.capped``.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import cast
 
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
@@ -28,7 +31,7 @@ from trainingrun.manifest import (
     too_large,
 )
 from trainingrun.protocol import candidates, merged_files
-from trainingrun.storage import Location, Store, TooLarge
+from trainingrun.storage import Location, StorageUnavailable, Store, TooLarge
 
 
 def _read(store: Store, run: Location, what: str, cap: int) -> bytes | None:
@@ -110,32 +113,84 @@ def read_committed(store: Store, run: Location, entry: ManifestEntry) -> Committ
     return Committed(entry, parts, merged_files(parts))
 
 
+# Objects a part's folder may list beyond the ones its MANIFEST.json names (the record itself,
+# and room to spare) before its listing is given up: an endpoint can list without end.
+LISTING_MARGIN = 64
+# How long a choice of checkpoint may go on reading. Each call is bounded by the store's own
+# budget (the operator's: storebase.OPERATOR_BUDGET); this bounds their sum, which an endpoint
+# that answers each call just in time would otherwise make hours (a part read and a listing
+# per rank, 1024 ranks, each of the tried checkpoints).
+CHOOSE_SECONDS = 120.0
+
+
+class ReadsTooSlow(StorageUnavailable):
+    """A choice of checkpoint read for longer than it may; the start tries again later."""
+
+
+class _Timed:
+    """The reads of a choice of checkpoint, each refused (ReadsTooSlow) once ``seconds`` have
+    passed since the choice began; a listing is checked at each object it lists."""
+
+    def __init__(self, store: Store, seconds: float, monotonic: Callable[[], float]) -> None:
+        self._store, self._seconds, self._monotonic = store, seconds, monotonic
+        self._until = monotonic() + seconds
+
+    def _go_on(self) -> None:
+        if self._monotonic() >= self._until:
+            raise ReadsTooSlow(
+                f"reading the committed checkpoints took over {self._seconds:g} s, the most a "
+                "start may: the endpoint answers too slowly; the start is tried again later"
+            )
+
+    def get(self, key: str) -> bytes | None:
+        self._go_on()
+        return self._store.get(key)
+
+    def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
+        self._go_on()
+        for listed in self._store.list_objects(prefix):
+            self._go_on()
+            yield listed
+
+
 @dataclass(frozen=True)
 class Choice:
     entry: ManifestEntry | None
     checkpoint: Committed | None
     rejected: list[tuple[int, str]]  # (step, why) of newer committed entries passed over
+    untried: int = 0  # older candidates not tried: the choice stopped at its tries
 
 
 _UNREAD = RunManifest(version=-1)
 
 
 def choose_checkpoint(
-    store: Store, run: Location, bad_steps: set[int], manifest: RunManifest | None = _UNREAD
+    store: Store,
+    run: Location,
+    bad_steps: set[int],
+    manifest: RunManifest | None = _UNREAD,
+    *,
+    tries: int | None = None,
+    seconds: float = CHOOSE_SECONDS,
+    monotonic: Callable[[], float] = time.monotonic,
 ) -> Choice:
-    """The newest committed checkpoint not marked bad whose objects exist with the recorded sizes;
-    older committed entries are tried in turn. ``manifest``: one the caller just read."""
+    """The newest committed checkpoint not marked bad whose objects exist with the recorded
+    sizes; older committed entries are tried in turn, at most ``tries`` of them (None: all).
+    ``manifest``: one the caller just read. Raises ReadsTooSlow once it has read for
+    ``seconds``, and what the store raises."""
+    timed = cast(Store, _Timed(store, seconds, monotonic))
     if manifest is _UNREAD:
-        manifest = read_run_manifest(store, run)
+        manifest = read_run_manifest(timed, run)
     if manifest is None:
         return Choice(None, None, [])
     rejected: list[tuple[int, str]] = []
-    for entry in candidates(manifest, bad_steps):
-        ckpt, why = check_committed(store, run, entry)
+    entries = candidates(manifest, bad_steps)
+    for entry in entries if tries is None else entries[:tries]:
+        ckpt, why = check_committed(timed, run, entry)
         if ckpt is not None:
             return Choice(entry, ckpt, rejected)
         rejected.append((entry.step, why or "not intact"))
-    return Choice(None, None, rejected)
+    return Choice(None, None, rejected, len(entries) - len(rejected))
 
 
 def check_committed(
@@ -150,9 +205,36 @@ def check_committed(
         return None, str(e)
     problems: list[str] = []
     for prefix, part in ckpt.parts:
-        where = run.key(prefix) + "/"
-        listing = {key[len(where) :]: size for key, size in store.list_objects(where)}
+        listing = _listing(store, run, prefix, part)
+        if isinstance(listing, str):
+            return None, listing
         problems.extend(listing_problems(part, listing))
     if problems:
         return None, "; ".join(problems[:3])
     return ckpt, None
+
+
+def _listing(
+    store: Store, run: Location, prefix: str, part: CheckpointManifest
+) -> dict[str, int] | str:
+    """(name relative to the part's folder -> size) of the objects ``part`` names that its
+    folder lists, read until all are found; or why the listing was given up: it went on past
+    the objects named plus LISTING_MARGIN without them."""
+    named = {f.source for f in part.files}
+    found: dict[str, int] = {}
+    if not named:
+        return found
+    where = run.key(prefix) + "/"
+    bound = len(named) + LISTING_MARGIN
+    for count, (key, size) in enumerate(store.list_objects(where), 1):
+        if count > bound:
+            return (
+                f"{prefix} lists more than {bound} objects without the {len(named)} its "
+                f"{CHECKPOINT_MANIFEST} names: remove what is not the checkpoint's from its folder"
+            )
+        name = key[len(where) :]
+        if key.startswith(where) and name in named:
+            found[name] = size
+            if len(found) == len(named):
+                break
+    return found
