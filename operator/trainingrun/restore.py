@@ -21,7 +21,9 @@ Exit codes (documented in docs/, read by the operator):
   committed one.
 - 4 (``contract.EXIT_INSUFFICIENT_DISK``): the checkpoint does not fit, found before the
   download or as the volume filled up (ENOSPC, EDQUOT) during it. The termination message names
-  the step, the bytes needed and free, and the fix; the operator fails the run.
+  the step, the bytes needed and free, and the fix. Larger than ``spec.checkpoint.sizeLimit``
+  less what the folder holds: the operator fails the run. Else the node's disk is short now
+  (the message starts with ``NODE_DISK_FULL_MESSAGE``): the attempt failed and is retried.
 - 1: anything else (endpoint unreachable, access denied, an unexpected error, named with its
   type in the termination message): the attempt failed and is retried.
 - 2: the container's settings are wrong (missing environment).
@@ -57,6 +59,7 @@ from trainingrun.contract import (
     EXIT_STOPPED,
     format_bytes,
 )
+from trainingrun.decide.classify import NODE_DISK_FULL_MESSAGE
 from trainingrun.download import Download
 from trainingrun.layouts import STAGING_PREFIX
 from trainingrun.manifest import (
@@ -83,9 +86,18 @@ class InsufficientDisk(Exception):
     """The chosen checkpoint does not fit the checkpoint folder; the message says by how much."""
 
 
+class NodeDiskFull(Exception):
+    """The checkpoint fits the size limit (or there is none) but not the node's free disk now."""
+
+
 # The errors of a full volume: no space on the device, or the user's quota reached.
 DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 DISK_FIX = "raise spec.checkpoint.sizeLimit or use nodes with more disk"
+NODE_FIX = (
+    "the attempt is retried (counted against maxRestarts), on this node or another; set "
+    "spec.checkpoint.sizeLimit and an ephemeral-storage request in the template so that the "
+    "scheduler picks a node with room, or use nodes with more disk"
+)
 
 
 @dataclass(frozen=True)
@@ -207,21 +219,24 @@ def _bytes(n: int) -> str:
 def check_room(s: RestoreSettings, what: str, needed: int) -> int:
     """The bytes the checkpoint folder has room for: its volume's free space and, under a size
     limit, that limit less what the folder already holds (the kubelet evicts a pod whose
-    emptyDir grows past it). Raises InsufficientDisk when ``needed`` is more."""
+    emptyDir grows past it). When ``needed`` is more, raises InsufficientDisk for the limit
+    (every attempt's pod has the same), else NodeDiskFull (another node's disk, or this one's
+    later, may have room)."""
     room = shutil.disk_usage(s.checkpoint_dir).free
-    where = "free on the checkpoint volume"
     if s.size_limit is not None:
         held = folder_bytes(s.checkpoint_dir)
         allowed = max(s.size_limit - held, 0)
-        if allowed < room:
-            room = allowed
-            where = (
-                f"left under the volume's size limit of {_bytes(s.size_limit)}, which holds "
-                f"{_bytes(held)} already"
+        if needed > allowed:
+            raise InsufficientDisk(
+                f"{what} needs {_bytes(needed)}, only {_bytes(allowed)} left under the "
+                f"volume's size limit of {_bytes(s.size_limit)}, which holds {_bytes(held)} "
+                f"already: {DISK_FIX}"
             )
+        room = min(room, allowed)
     if needed > room:
-        raise InsufficientDisk(
-            f"{what} needs {_bytes(needed)}, only {_bytes(room)} {where}: {DISK_FIX}"
+        raise NodeDiskFull(
+            f"{what} needs {_bytes(needed)}, only {_bytes(room)} free on the checkpoint volume "
+            f"now: {NODE_FIX}"
         )
     return room
 
@@ -248,10 +263,10 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
         place(staging, final, layout, extras)
     except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
-        if isinstance(e, OSError) and e.errno in DISK_FULL:
-            raise InsufficientDisk(
+        if isinstance(e, OSError) and e.errno in DISK_FULL:  # it fit the limit: the node's
+            raise NodeDiskFull(
                 f"{what} needs {_bytes(total)}, and the checkpoint volume filled up during the "
-                f"download ({e.strerror}) with {_bytes(room)} free before it: {DISK_FIX}"
+                f"download ({e.strerror}) with {_bytes(room)} free before it: {NODE_FIX}"
             ) from e
         raise
     elapsed = time.monotonic() - started
@@ -407,6 +422,9 @@ def _restore(store: Store, s: RestoreSettings, metrics: Metrics) -> tuple[int, s
     except InsufficientDisk as e:
         reason, code = "InsufficientDisk", EXIT_INSUFFICIENT_DISK
         message = f"insufficient disk: {e}"
+    except NodeDiskFull as e:  # the same code, told apart by its message (decide.classify)
+        reason, code = "NodeDiskFull", EXIT_INSUFFICIENT_DISK
+        message = f"{NODE_DISK_FULL_MESSAGE}: {e}"
     except StorageError as e:
         reason, message, code = type(e).__name__, f"restore failed: {e}", EXIT_ERROR
     except Exception as e:  # the folder refusing (EACCES), a bug: named, never a bare exit 1

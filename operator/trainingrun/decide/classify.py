@@ -10,6 +10,7 @@
 | non-zero exit, OOMKilled                                     | Failed        |
 | the operator's restore exited with the checkpoint-bad code  | CheckpointBad |
 | the operator's restore exited with the insufficient-disk code | Permanent     |
+| ... saying the node's disk is short now (NODE_DISK_FULL_MESSAGE) | Failed      |
 | the operator's restore beside the trainer exited non-zero     | Failed        |
 | image pull failing for IMAGE_PULL_GRACE_SECONDS since the    | Permanent     |
 | pod was scheduled; invalid image name; missing Secret/ConfigMap |             |
@@ -71,6 +72,10 @@ IMAGE_PULL_GRACE_SECONDS = 300
 CONFIG_CACHE_NOT_SYNCED = ("failed to sync secret cache", "failed to sync configmap cache")
 CONFIG_CACHE_RECHECK_SECONDS = 30
 CONFIG_CACHE_GRACE_SECONDS = 600
+# How the restore's termination message starts when, with the insufficient-disk code, the
+# checkpoint fits spec.checkpoint.sizeLimit (or there is none) but not the node's free disk now:
+# another node, or this one later, may have room, so the attempt fails and is retried.
+NODE_DISK_FULL_MESSAGE = "insufficient disk on this node"
 # The longest message taken from a container or pod status, marker included: enough for an
 # error and its cause, short enough for a status field and an Event.
 MESSAGE_MAX = 1024
@@ -262,7 +267,7 @@ def classify(
 def _restore_refused(pod: Mapping[str, Any]) -> Outcome | None:
     """The operator's restore refused the checkpoint (module docstring): it is bad (the operator
     falls back to an older one), or it does not fit the checkpoint volume (the run fails: every
-    attempt would fail the same way)."""
+    attempt would fail the same way), or the node's disk is short now (a failed attempt)."""
     restore = _terminated(container_status(pod, RESTORE_CONTAINER))
     if not restore or not operators_restore(pod):
         return None
@@ -276,6 +281,8 @@ def _restore_refused(pod: Mapping[str, Any]) -> Outcome | None:
             "the checkpoint does not fit the checkpoint volume: raise spec.checkpoint.sizeLimit "
             "or use nodes with more disk",
         )
+        if msg.startswith(NODE_DISK_FULL_MESSAGE):
+            return Outcome(End.FAILED, R.NODE_DISK_FULL, msg)
         return Outcome(End.PERMANENT, R.INSUFFICIENT_DISK, msg)
     return None
 

@@ -16,6 +16,11 @@ attempt never trained). The streak paces, it spends no budget; a pause neither g
 it and never waits. (An eviction by Kueue counts as a preemption here too: its reason,
 ``Evicted``, is also the kubelet's for a node-pressure eviction, which can repeat fast.)
 
+A restore that found the node's disk short for the checkpoint (``NodeDiskFull``: it would fit
+``spec.checkpoint.sizeLimit``, or there is none) is a failure: another node, or this one after
+the backoff, may have room, and ``maxRestarts`` bounds the tries where none ever has (a
+preemption's budget is unlimited by default). One larger than the size limit ends the run.
+
 A checkpoint-bad ending with nothing to fall back from (the attempt resumed from no checkpoint,
 so the operator added no restore to refuse one) cannot mark anything bad and would only retry
 the same start: it counts as a failure of the attempt (maxRestarts, the crash-loop streak, the

@@ -86,6 +86,7 @@ OOM_KILLED = "OOMKilled"
 TRAINER_ERROR = "Error"
 INIT_FAILED = "InitFailed"
 RESTORE_FAILED = "RestoreFailed"  # the restore beside the trainer (AlongsideTrainer) failed
+NODE_DISK_FULL = "NodeDiskFull"  # the restore found the node's disk short now: retried
 POD_FAILED = "PodFailed"
 TERMINATING = "Terminating"  # stopping after a disruption: saving first
 FINISHING = "Finishing"  # the trainer exited 0: the sidecar commits the last checkpoint
