@@ -4,19 +4,21 @@ run manifest (its newest committed checkpoint) and the choice of the checkpoint 
 The operator writes one thing to the bucket: the fence in ``manifest.json``, taken for an
 attempt before its pod exists (``take_fence``); the sync sidecars write the rest.
 
-A few workers serve every tenant's runs, so no endpoint may hold them: the operator's clients
-have a short budget (``storage.OPERATOR_BUDGET``), at most ``max_in_flight`` calls go to one
-custom endpoint at a time (one more fails at once with ``EndpointBusy`` rather than wait), and
-the clients kept are the ``max_stores`` used last (each holds ~0.4 MiB).
+A few workers serve every tenant's runs, so no endpoint and no namespace may hold them: the
+operator's clients have a short budget (``storebase.OPERATOR_BUDGET``, a wall-clock deadline per
+call), at most ``max_in_flight`` calls go to one custom endpoint at a time, counted by the address
+it resolves to, and at most ``max_per_namespace`` from one namespace (``trainingrun.slots``: one
+more fails at once with ``EndpointBusy`` rather than wait), and the clients kept are the
+``max_stores`` used last (each holds ~0.4 MiB).
 """
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
@@ -27,6 +29,9 @@ from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest_t
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.manifest import RunManifest
+from trainingrun.slots import Addresses, Resolve, host_port, resolve
+from trainingrun.slots import EndpointBusy as EndpointBusy  # noqa: PLC0414 (re-exported)
+from trainingrun.slots import EndpointSlots as EndpointSlots  # noqa: PLC0414 (re-exported)
 from trainingrun.storage import (
     OPERATOR_BUDGET,
     CredentialsSecretError,
@@ -57,16 +62,13 @@ StoreKey = tuple[str | None, str | None, str, str]
 
 
 def open_operator_store(storage: StorageSpec, credentials: SecretValues | None) -> Store:
-    """``storage.open_store`` with the operator's short budget: a call gives up within ~20 s."""
+    """``storage.open_store`` with the operator's short budget: a call gives up within the
+    deadline of ``storebase.OPERATOR_BUDGET``."""
     return open_store(storage, credentials, OPERATOR_BUDGET)
 
 
 class MissingSecret(Exception):
     """The credentials Secret a run names does not exist or lacks a key."""
-
-
-class EndpointBusy(StorageUnavailable):
-    """Every slot of the run's endpoint is taken by calls still waiting for it to answer."""
 
 
 def endpoint_of(storage: StorageSpec) -> str:
@@ -93,69 +95,6 @@ def limited(storage: StorageSpec) -> str | None:
     tenant on it and not one that stops answering, is not (a burst of starts would find its
     slots taken)."""
     return endpoint_of(storage) if storage.endpoint else None
-
-
-class EndpointSlots:
-    """At most ``limit`` calls in flight to one endpoint. A call that finds every slot taken
-    waits for one, up to ``wait_seconds``, while the endpoint answers (its oldest call in flight
-    started under ``slow_seconds`` ago): a burst of starts on one shared endpoint (every tenant on
-    one MinIO, a spot pool reclaimed at once) queues for a moment instead of failing. Once the
-    oldest call is older than that, the endpoint is slow and a call past its slots fails at once
-    (EndpointBusy): a worker never waits long on another tenant's slow endpoint."""
-
-    def __init__(
-        self,
-        limit: int,
-        wait_seconds: float = 2.0,
-        slow_seconds: float = 1.0,
-        monotonic: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self.limit = limit
-        self.wait_seconds = wait_seconds
-        self.slow_seconds = slow_seconds
-        self._monotonic = monotonic
-        self._started: dict[str, list[float]] = {}  # endpoint -> when each call in flight began
-        self._freed = threading.Condition()
-
-    def _busy(self, endpoint: str, given_up_at: float) -> str | None:
-        """Why a call to ``endpoint`` may not wait for a slot any longer; None: it may."""
-        now = self._monotonic()
-        oldest = min(self._started[endpoint])
-        if now - oldest >= self.slow_seconds:
-            return f"its oldest has waited {now - oldest:.1f} s"
-        if now >= given_up_at:
-            return f"no slot came free in {self.wait_seconds:g} s"
-        return None
-
-    @contextlib.contextmanager
-    def hold(self, endpoint: str | None) -> Iterator[None]:
-        """A slot of ``endpoint`` for the body of the ``with`` (None: no limit). Raises
-        EndpointBusy."""
-        if endpoint is None:
-            yield
-            return
-        given_up_at = self._monotonic() + self.wait_seconds
-        with self._freed:
-            while len(calls := self._started.setdefault(endpoint, [])) >= self.limit:
-                why = self._busy(endpoint, given_up_at)
-                if why is not None:
-                    raise EndpointBusy(
-                        f"endpoint {endpoint} is busy or slow: {len(calls)} calls to it are "
-                        f"still waiting for an answer ({why}); the call is tried again on a "
-                        "later pass (if this lasts, check the endpoint's health and latency)"
-                    )
-                self._freed.wait(timeout=0.05)
-            began = self._monotonic()
-            calls.append(began)
-        try:
-            yield
-        finally:
-            with self._freed:
-                calls = self._started[endpoint]
-                calls.remove(began)
-                if not calls:
-                    del self._started[endpoint]
-                self._freed.notify_all()
 
 
 def public_message(error: Exception, storage: StorageSpec) -> str:
@@ -207,6 +146,8 @@ class RunStores:
         max_stores: int = 128,
         max_in_flight: int = 4,
         on_call: Callable[[str], None] | None = None,
+        max_per_namespace: int = 4,
+        resolve: Resolve = resolve,
     ) -> None:
         self._secrets = secrets
         self._ttl = secret_ttl_seconds
@@ -218,7 +159,10 @@ class RunStores:
         self._stores_lock = threading.Lock()  # the dict: held for a lookup or an insert
         self._if_matches: dict[tuple[str | None, str], IfMatch] = {}  # by endpoint and bucket
         self._open_lock = threading.Lock()  # making a client
-        self.slots = EndpointSlots(max_in_flight, monotonic=monotonic)
+        self.slots = EndpointSlots(
+            max_in_flight, monotonic=monotonic, per_namespace=max_per_namespace
+        )
+        self.addresses = Addresses(resolve, monotonic=monotonic)
         self._on_call = on_call
 
     def store_for(self, namespace: str, storage: StorageSpec, fresh: bool = False) -> Store:
@@ -265,6 +209,15 @@ class RunStores:
             while len(self._stores) > self._max_stores:
                 self._stores.popitem(last=False)
 
+    def _slot(self, namespace: str, storage: StorageSpec) -> AbstractContextManager[None]:
+        """A slot for a call to the run's storage: of its endpoint, counted by the address its
+        host resolves to, and of its namespace; none for a cloud's own service. Raises
+        EndpointBusy."""
+        endpoint = limited(storage)
+        where = host_port(storage.endpoint) if storage.endpoint else None
+        address = self.addresses.of(*where) if where else None
+        return self.slots.hold(endpoint, namespace, address)
+
     def _secret(self, namespace: str, name: str, fresh: bool = False) -> dict[str, str] | None:
         """The Secret's data, read at most once per TTL per Secret: every pass needs the
         credentials, and reading them each time loads the API server. Its absence is trusted
@@ -294,7 +247,7 @@ class RunStores:
     def _read_tagged(self, ref: RunRef) -> tuple[RunManifest | None, tuple[bytes, str] | None]:
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage)
-        with self.slots.hold(limited(storage)):
+        with self._slot(ref.namespace, storage):
             return read_run_manifest_tagged(store, parse_uri(run_prefix(ref)))
 
     def checkpoints(self, ref: RunRef) -> Checkpoints:
@@ -327,7 +280,7 @@ class RunStores:
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage, fresh=True)
         location = parse_uri(run_prefix(ref))
-        with self.slots.hold(limited(storage)):
+        with self._slot(ref.namespace, storage):
             if_match = self._if_match(storage, location) if store.scheme == "s3" else None
             return take_fence(store, location, ref.uid, attempt, seen, if_match)
 
@@ -342,5 +295,5 @@ class RunStores:
         as take_fence."""
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage)
-        with self.slots.hold(limited(storage)):
+        with self._slot(ref.namespace, storage):
             return choose_checkpoint(store, parse_uri(run_prefix(ref)), bad, manifest)
