@@ -24,8 +24,8 @@ make. File names reach Events and the CLI: they must be printable and at most
 
 from __future__ import annotations
 
+import functools
 import json
-import posixpath
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -118,9 +118,14 @@ def part_prefix(step: int, epoch: int, rank: int) -> str:
     return f"{epoch_prefix(step, epoch)}r{rank}/"
 
 
+_NOT_A_PART = frozenset(("", ".", ".."))
+
+
 def safe_relative_path(path: str) -> str:
     """Returns ``path`` normalised, or raises when it could escape the checkpoint folder, is
-    not printable or is longer than MAX_NAME_BYTES."""
+    not printable or is longer than MAX_NAME_BYTES. A relative path with no empty, '.' or '..'
+    part is its own normal form: every check is a C-level scan, as a part record's parse runs
+    it for each of up to MAX_FILES names."""
     size = len(path.encode("utf-8", "surrogatepass"))
     if size > MAX_NAME_BYTES:
         raise ManifestError(
@@ -130,15 +135,20 @@ def safe_relative_path(path: str) -> str:
         raise ManifestError(f"file name {path!r} is empty or has a backslash or NUL")
     if not path.isprintable():  # control and format characters would garble logs and Events
         raise ManifestError(f"file name {path!r} has a character that is not printable: rename it")
-    if path.startswith("/"):
+    if path[0] == "/":
         raise ManifestError(f"file name {path!r} is absolute; names must be relative")
-    parts = path.split("/")
-    if any(p in ("", ".", "..") for p in parts):
+    if not _NOT_A_PART.isdisjoint(path.split("/")):
         raise ManifestError(f"file name {path!r} has an empty, '.' or '..' part")
-    normal = posixpath.normpath(path)
-    if normal != path:
-        raise ManifestError(f"file name {path!r} is not in normal form")
     return path
+
+
+@functools.lru_cache(maxsize=64)
+def _pack_name(name: str) -> str:
+    """``name`` when it is a safe name under PACK_DIR; remembered, as the many files of a pack
+    all name it."""
+    if not is_pack_name(safe_relative_path(name)):
+        raise ValueError(f"pack {name!r} is not a name under {PACK_DIR}/")
+    return name
 
 
 class FileEntry(_Model):
@@ -159,9 +169,7 @@ class FileEntry(_Model):
     @field_validator("pack")
     @classmethod
     def _pack(cls, v: str | None) -> str | None:
-        if v is not None and not is_pack_name(safe_relative_path(v)):
-            raise ValueError(f"pack {v!r} is not a name under {PACK_DIR}/")
-        return v
+        return None if v is None else _pack_name(v)
 
     @property
     def source(self) -> str:

@@ -1,6 +1,11 @@
 """The start of an attempt: the run's fence in the bucket, the newest usable checkpoint, the
 pods (``trainingrun.launcher``), and the status that records the started attempt; and what a
-start that cannot reach the run's storage writes instead (a wait, or the run failed)."""
+start that cannot reach the run's storage writes instead (a wait, or the run failed).
+
+A start tries at most ``stores.START_TRIES`` committed checkpoints: those it passes over are
+said in one ``CheckpointSkipped`` Event and recorded in ``status.badCheckpoints``, so no later
+start reads them again; while older ones remain untried it waits, and the next try reads them.
+"""
 
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from trainingrun.decide.reconcile import Observed, Plan, started
 from trainingrun.decide.waits import secret_wait, wait, wait_over
 from trainingrun.events import EventSink
 from trainingrun.launcher import Launcher
-from trainingrun.manifest import Layout, ManifestError
+from trainingrun.manifest import Layout, ManifestError, RunManifest
 from trainingrun.protocol import StaleAttempt
 from trainingrun.settings import OperatorSettings
 from trainingrun.statuswriter import StatusWriter
@@ -70,12 +75,17 @@ class Starter:
         fenced = self._fence(run, ref, obs, status, seen, first)
         if not isinstance(fenced, tuple):
             return fenced
-        choice, epoch = fenced
+        choice, epoch, manifest = fenced
+        recorded = status  # as written: what the writes below compare with
         if choice.rejected:
             first()  # the plan's Events before the checkpoints' own
-        for step, why in choice.rejected:
-            message = f"checkpoint {step} not used: {why}"
+            message = skipped_message(choice)
             self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
+            status = with_bad_steps(status, choice, manifest)
+            if choice.entry is None and choice.untried:
+                # Older ones are still to be tried: the next try reads them, not these again.
+                held = wait(status, obs.generation, R.CHECKPOINT_SKIPPED, message, obs.now)
+                return self.writer.wait(run, recorded, replace(held, event=None))
         pods = attempt_pods(ref, status.attempt, choice, epoch, self.settings.agent)
         launched = self.launcher.launch(run, ref, pods)
         if launched.first is None or launched.invalid is not None or launched.held is not None:
@@ -85,7 +95,7 @@ class Starter:
         if launched.held is not None:  # said in an Event by the launcher already
             why, message = launched.held
             held = wait(status, obs.generation, why, message, obs.now)
-            self.writer.wait(run, status, replace(held, event=None))
+            self.writer.wait(run, recorded, replace(held, event=None))
         if launched.first is None:
             return launched.wait
         new, ev = started(status, obs, launched.first)
@@ -94,7 +104,7 @@ class Starter:
         before = (
             (run.get("status") or {})
             if unwritten
-            else status.model_dump(by_alias=True, mode="json")
+            else recorded.model_dump(by_alias=True, mode="json")
         )
         self.writer.write(ref.namespace, ref.name, before, new)
         for told in p.events if unwritten else ():
@@ -110,16 +120,17 @@ class Starter:
         status: TrainingRunStatus,
         seen: tuple[bytes, str] | None,
         first: Callable[[], None],
-    ) -> tuple[Choice, int] | float | None:
+    ) -> tuple[Choice, int, RunManifest] | float | None:
         """The run's fence for the attempt and the checkpoint it resumes from, with the
-        attempt's epoch; or, when the storage cannot give them, what the start waits (written
-        after ``first``)."""
+        attempt's epoch and the manifest as the fence left it; or, when the storage cannot give
+        them, what the start waits (written after ``first``)."""
         namespace, name = ref.namespace, ref.name
         try:
             # The fence first: from here no older attempt can commit, so the choice below sees
             # every checkpoint there will be before this attempt's own.
             manifest, epoch = self.stores.take_fence(ref, status.attempt, seen)
-            return self.stores.choose(ref, set(status.bad_checkpoints), manifest), epoch
+            choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
+            return choice, epoch, manifest
         except (MissingSecret, StorageMisconfigured) as e:
             first()
             return self.unusable_storage(run, status, e, obs.now)
@@ -168,3 +179,37 @@ def attempt_pods(
     return [
         build_pod(ref, attempt, resume, agent, epoch, rank) for rank in range(ref.spec.replicas)
     ]
+
+
+# How much of one passed-over checkpoint's reason an Event carries: three fit in Kubernetes'
+# 1 KiB of Event message.
+WHY_CHARS = 250
+
+
+def skipped_message(choice: Choice) -> str:
+    """The one Event a start says of the committed checkpoints it passed over, and of the older
+    ones it did not try."""
+    said = [
+        (step, why if len(why) <= WHY_CHARS else why[: WHY_CHARS - 3] + "...")
+        for step, why in choice.rejected
+    ]
+    if len(said) == 1:
+        told = f"checkpoint {said[0][0]} not used: {said[0][1]}"
+    else:
+        each = "; ".join(f"checkpoint {step}: {why}" for step, why in said)
+        told = f"{len(said)} checkpoints not used: {each}"
+    if choice.untried:
+        told += f"; {choice.untried} older not tried yet: the next try reads them"
+    return told
+
+
+def with_bad_steps(
+    status: TrainingRunStatus, choice: Choice, manifest: RunManifest
+) -> TrainingRunStatus:
+    """``status`` with the steps ``choice`` passed over recorded as bad: no later start reads
+    them again. Bad steps the manifest no longer names are dropped, so the list holds at most
+    as many as a manifest may (MAX_ENTRIES)."""
+    named = {e.step for e in manifest.entries}
+    bad = [s for s in status.bad_checkpoints if s in named]
+    bad += [step for step, _ in choice.rejected if step not in bad]
+    return status.model_copy(update={"bad_checkpoints": bad})

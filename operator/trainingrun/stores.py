@@ -88,6 +88,10 @@ def endpoint_of(storage: StorageSpec) -> str:
 
 # How long a missing credentials Secret is taken as missing before it is read again.
 ABSENT_SECRET_TTL_SECONDS = 5.0
+# Committed checkpoints a start tries (newest first) before it stops and waits: each costs a
+# read of every part record and a listing of every part, and a tenant's bucket may list 1000
+# broken ones. The steps passed over are recorded as bad, so the next try reads older ones.
+START_TRIES = 3
 
 
 def limited(storage: StorageSpec) -> str | None:
@@ -291,9 +295,13 @@ class RunStores:
             return self._if_matches.setdefault((storage.endpoint, location.bucket), IfMatch())
 
     def choose(self, ref: RunRef, bad: set[int], manifest: RunManifest | None) -> Choice:
-        """The newest committed checkpoint that verifies, given the manifest just read. Raises
-        as take_fence."""
+        """The newest committed checkpoint that verifies among the START_TRIES newest not
+        marked ``bad``, given the manifest just read. Raises as take_fence (ReadsTooSlow: it
+        read for longer than committed.CHOOSE_SECONDS)."""
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage)
+        run = parse_uri(run_prefix(ref))
         with self._slot(ref.namespace, storage):
-            return choose_checkpoint(store, parse_uri(run_prefix(ref)), bad, manifest)
+            return choose_checkpoint(
+                store, run, bad, manifest, tries=START_TRIES, monotonic=self._monotonic
+            )
