@@ -43,19 +43,29 @@ class ManifestError(ValueError):
 
 
 class ManifestTooLarge(ManifestError):
-    """A manifest over a reader's cap (bytes, checkpoints listed, files of a part); ``what``
-    names it and ``cap`` is the cap it is over (in its own unit)."""
+    """A manifest over a reader's cap (bytes, checkpoints listed, files of a part): ``what``
+    names it, and it is over ``cap`` ``unit``; messages that may not quote what the endpoint
+    said take these, not the message."""
 
-    def __init__(self, message: str, what: str = "", cap: int = 0) -> None:
+    def __init__(self, message: str, what: str = "", cap: int = 0, unit: str = "bytes") -> None:
         super().__init__(message)
-        self.what, self.cap = what, cap
+        self.what, self.cap, self.unit = what, cap, unit
+
+
+class ManifestTooNew(ManifestError):
+    """A manifest of a version newer than this build reads: ``what`` names it, ``newest`` is
+    the newest this build reads."""
+
+    def __init__(self, message: str, what: str, newest: int) -> None:
+        super().__init__(message)
+        self.what, self.newest = what, newest
 
 
 def too_large(what: str, size: int | None, cap: int, unit: str = "bytes") -> ManifestTooLarge:
     """The error for a manifest of ``size`` (None: unknown) over ``cap``, with the fix."""
     told = f"{size} {unit}" if size is not None else "larger"
     message = f"{what} is {told}, over the cap of {cap} {unit}: {fix(what)}"
-    return ManifestTooLarge(message, what, cap)
+    return ManifestTooLarge(message, what, cap, unit)
 
 
 def fix(what: str) -> str:
@@ -97,7 +107,7 @@ def _too_many(what: str, caps: Caps, count: int | None) -> ManifestTooLarge:
         listed = f"holds more JSON values than {caps.max_items} {caps.noun} can have"
     else:
         listed = f"lists {count} {caps.noun}, over the cap of {caps.max_items}"
-    return ManifestTooLarge(f"{what} {listed}: {fix(what)}", what, caps.max_items)
+    return ManifestTooLarge(f"{what} {listed}: {fix(what)}", what, caps.max_items, caps.noun)
 
 
 def decode(data: bytes, what: str, caps: Caps) -> dict[str, Any]:
@@ -115,9 +125,11 @@ def decode(data: bytes, what: str, caps: Caps) -> dict[str, Any]:
     if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise ManifestError(f"{what} has no positive integer 'version'")
     if version > caps.newest:
-        raise ManifestError(
+        raise ManifestTooNew(
             f"{what} has version {version}, newer than the {caps.newest} this build reads: "
-            "upgrade the operator and agent images"
+            "upgrade the operator and agent images",
+            what,
+            caps.newest,
         )
     items = raw.get(caps.field)
     if isinstance(items, list) and len(items) > caps.max_items:

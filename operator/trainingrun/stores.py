@@ -24,8 +24,14 @@ from typing import Any, Protocol, cast
 from urllib.parse import urlsplit
 
 from trainingrun.api import CheckpointRef, StorageSpec
+from trainingrun.capped import ManifestError, ManifestTooLarge, ManifestTooNew, fix
 from trainingrun.commit import IfMatch, take_fence
-from trainingrun.committed import Choice, choose_checkpoint, read_run_manifest_tagged
+from trainingrun.committed import (
+    Choice,
+    ReadsTooSlow,
+    choose_checkpoint,
+    read_run_manifest_tagged,
+)
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.manifest import RunManifest
@@ -34,11 +40,16 @@ from trainingrun.slots import EndpointBusy as EndpointBusy  # noqa: PLC0414 (re-
 from trainingrun.slots import EndpointSlots as EndpointSlots  # noqa: PLC0414 (re-exported)
 from trainingrun.storage import (
     OPERATOR_BUDGET,
+    BucketNotFound,
+    ChecksumMismatch,
     CredentialsSecretError,
     Location,
+    PreconditionFailed,
     SecretValues,
+    StorageAccessDenied,
     StorageUnavailable,
     Store,
+    TooLarge,
     open_store,
     parse_uri,
     secret_credentials,
@@ -102,16 +113,53 @@ def limited(storage: StorageSpec) -> str | None:
 
 
 def public_message(error: Exception, storage: StorageSpec) -> str:
-    """What status and Events say of a failed bucket call. The endpoint is the tenant's choice
-    and the call comes from the operator's network position, so how a custom endpoint failed
-    to answer (refused, timed out, what a server there said) stays in the operator's log: an
-    Event that echoed it would let a tenant probe the operator's network."""
-    if isinstance(error, StorageUnavailable) and not isinstance(error, EndpointBusy):
+    """What status and Events say of a failed bucket call: the operator's own words, the
+    endpoint as ``endpoint_of`` names it and the run's uri; never text or a number the endpoint
+    sent. The endpoint is the tenant's choice and the call comes from the operator's network
+    position, so what a server there said (an error's text, a size, a body that is not a
+    manifest) stays in the operator's log: an Event that echoed it would let a tenant probe the
+    operator's network. What is wrong with a manifest is said in full from a cloud's own
+    service, where it is the tenant's own bucket."""
+    where, uri = endpoint_of(storage), storage.uri
+    if isinstance(error, EndpointBusy | ReadsTooSlow):
+        return str(error)  # the operator's own words and ``where``
+    if isinstance(error, ManifestTooLarge):
+        return f"{error.what} is over the cap of {error.cap} {error.unit}: {fix(error.what)}"
+    if isinstance(error, ManifestError) and limited(storage) is None:
+        return str(error)
+    if isinstance(error, ManifestTooNew):
         return (
-            f"{endpoint_of(storage)} did not answer, or answered with a server error "
-            "(the operator's log has the details)"
+            f"{error.what} at {where} is of a version newer than the {error.newest} this build "
+            "reads: upgrade the operator and agent images"
         )
-    return str(error)
+    if isinstance(error, ManifestError):
+        return (
+            f"a manifest of the run at {where} is malformed (the operator's log has the "
+            "details; `trainingrun checkpoints list` shows them too)"
+        )
+    said = next((s for kind, s in _SAID if isinstance(error, kind)), None)
+    if said is None:
+        return f"{where} refused a call under {uri} (the operator's log has the details)"
+    return f"{where} {said.format(uri=uri)} (the operator's log has the details)"
+
+
+# What each kind of failed call is said as, most specific first.
+_SAID: tuple[tuple[type[Exception], str], ...] = (
+    (StorageUnavailable, "did not answer, or answered with a server error"),
+    (
+        StorageAccessDenied,
+        "denied the run's credentials access to {uri}: check "
+        "spec.checkpoint.storage.credentialsSecret and the bucket's policy",
+    ),
+    (BucketNotFound, "says the bucket of {uri} does not exist: create it, or correct the uri"),
+    (
+        TooLarge,
+        "holds an object under {uri} larger than the operator reads: a manifest there "
+        "was not written by the sync sidecar",
+    ),
+    (ChecksumMismatch, "found a checksum wrong on a write under {uri}"),
+    (PreconditionFailed, "refused a conditional write under {uri}: another writer changed it"),
+)
 
 
 class CountedStore:
