@@ -124,12 +124,16 @@ _KEY = re.compile(
 )
 
 
+_MAX_DIGITS = len(str(2**63 - 1))
+
+
 def key_owner(key: str) -> tuple[int, int, int | None] | None:
     """(step, epoch, rank) of an object key relative to the run prefix: epoch 0 for a version-1
     checkpoint's files, rank None for a key directly in an epoch folder; None for keys outside
-    ``checkpoints/``."""
+    ``checkpoints/`` or with a number of more digits than a 64-bit one."""
     m = _KEY.match(key)
-    if m is None:
+    # A number past 64 bits is no writer's (and past 4300 digits int() would raise).
+    if m is None or any(len(n) > _MAX_DIGITS for n in m.groups() if n):
         return None
     epoch = m.group("epoch")
     rank = m.group("rank")
