@@ -10,12 +10,14 @@ bytes sent are checked here against the caller's CRC32C (for a streamed part, th
 that went out): what lands is what the manifest's CRC32C describes. It is kept as metadata
 ``trainingrun_crc32c`` where that is free, never returned by ``head`` (our claim, not the
 service's). Multipart uploads are staged blocks.
+
+Messages show the service's error code only when it is a plain identifier, and never its
+message: both go to the error's ``detail`` (the log's). With a ``call_deadline``, each call, a
+listing's pages included, ends by it (``calldeadline``). The client: ``azureclient``.
 """
 
 from __future__ import annotations
 
-import base64
-import binascii
 import contextlib
 import io
 import re
@@ -24,15 +26,18 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from azure.core import MatchConditions
-from azure.core.credentials import AzureNamedKeyCredential, AzureSasCredential
 from azure.core.exceptions import AzureError, ClientAuthenticationError, HttpResponseError
-from azure.storage.blob import BlobBlock, ContainerClient, ContentSettings, ExponentialRetry
-from requests import Session  # type: ignore[import-untyped,unused-ignore]
-from requests.adapters import HTTPAdapter  # type: ignore[import-untyped,unused-ignore]
+from azure.storage.blob import BlobBlock, ContentSettings
 
-from trainingrun import checksum
+from trainingrun import calldeadline, checksum
+from trainingrun.azureclient import (
+    KEY_FIELD,
+    SAS_FIELD,
+    container_client,
+    credential,  # noqa: F401 - callers and tests name it here
+)
+from trainingrun.calldeadline import Bounded, one_call
 from trainingrun.checksum import Algorithm
-from trainingrun.contract import AZURE_CREDENTIAL_KEYS
 from trainingrun.storebase import (
     MAX_GET_BYTES,
     BucketNotFound,
@@ -51,13 +56,10 @@ from trainingrun.storebase import (
     StorageUnavailable,
     TooLarge,
     crc32c_only,
+    shown_code,
 )
 
 CRC_METADATA = "trainingrun_crc32c"
-KEY_FIELD, SAS_FIELD = AZURE_CREDENTIAL_KEYS  # the credentials Secret's keys
-# Put Blob takes up to 5000 MiB, Put Block 4000 MiB: ``put`` and ``put_checked`` are one request.
-SINGLE_PUT, BLOCK = 5000 << 20, 4000 << 20
-GET_CHUNK = 8 << 20  # each ranged GET of a download, and the most held in memory at once
 BATCH = 256  # subrequests of one Blob Batch
 _UPLOAD_ID = re.compile(r"[0-9a-f]{32}")
 _PART_DIGITS = 5  # Azure commits at most 50,000 blocks to a blob
@@ -85,29 +87,11 @@ def parse_block_id(block: str) -> tuple[str, int] | None:
     return None
 
 
-def credential(account: str, secret: Mapping[str, str] | None) -> Any:
-    """The credential of the Secret's data: an account key, else a SAS (an empty value counts
-    as absent); without either, the Azure identity chain (Workload Identity on AKS, managed
-    identity, the CLI's login...). Raises StorageMisconfigured for a key that is no key."""
-    key = (secret or {}).get(KEY_FIELD, "").strip()
-    sas = (secret or {}).get(SAS_FIELD, "").strip().lstrip("?")
-    if key:
-        try:
-            base64.b64decode(key, validate=True)
-        except binascii.Error:
-            raise StorageMisconfigured(
-                f"{KEY_FIELD} in the credentials Secret is not an account key (those are base64)"
-            ) from None
-        return AzureNamedKeyCredential(account, key)
-    if sas:
-        return AzureSasCredential(sas)
-    from azure.identity import DefaultAzureCredential  # noqa: PLC0415 (msal is slow to import)
-
-    return DefaultAzureCredential(exclude_interactive_browser_credential=True)
-
-
-def classify(status: int, code: str, where: str, root: str) -> StorageError:
-    """The error of an answer (HTTP ``status``, x-ms-error-code ``code``); ``root``: az://A/C."""
+def classify(status: int, raw: str, where: str, root: str, detail: str = "") -> StorageError:
+    """The error of an answer (HTTP ``status``, x-ms-error-code ``raw``; ``detail``: what else
+    the service said); ``root``: az://A/C."""
+    code = shown_code(raw)
+    said = detail or (f"code {raw}" if raw != code else "")
     if status == 404:
         if code == "ContainerNotFound":
             return BucketNotFound(f"container {root} does not exist: create it first")
@@ -117,27 +101,38 @@ def classify(status: int, code: str, where: str, root: str) -> StorageError:
     if status in (401, 403):
         return StorageAccessDenied(
             f"{where}: access denied ({code or status}); check the credentials Secret "
-            f"({KEY_FIELD} or {SAS_FIELD}) or give the pod's identity {_ROLE}"
+            f"({KEY_FIELD} or {SAS_FIELD}) or give the pod's identity {_ROLE}",
+            said,
         )
     if code in ("Md5Mismatch", "Crc64Mismatch"):
-        return ChecksumMismatch(f"{where}: the service found a checksum mismatch ({code})")
+        return ChecksumMismatch(f"{where}: the service found a checksum mismatch ({code})", said)
     if 400 <= status < 500 and status not in (408, 429):
-        return StorageRejected(f"{where}: the service refused the request ({code or status})")
-    return StorageUnavailable(f"{where}: the service answered {status} {code}".rstrip())
+        refused = f"{where}: the service refused the request ({code or status})"
+        return StorageRejected(refused, said)
+    return StorageUnavailable(f"{where}: the service answered {status} {code}".rstrip(), said)
+
+
+def _body(err: HttpResponseError) -> str:
+    """The start of an error answer's body (the SDK has read it), "" when there is none."""
+    with contextlib.suppress(Exception):
+        return str(err.response.text())[:1000] if err.response is not None else ""
+    return ""
 
 
 def translate(err: Exception, where: str, root: str) -> StorageError:
     """The StorageError of an exception the SDK raised (others are raised again). Messages name
     ``where`` and the service's code, never the SDK's text: a transport error's text can hold
-    the request's URL, and a SAS is in its query."""
+    the request's URL, and a SAS is in its query. An answer's code and message go to the
+    error's detail (URLs taken out)."""
     status = getattr(err, "status_code", None) or 0  # a body cut short carries its 200/206
     if isinstance(err, HttpResponseError) and status >= 400:
         headers = getattr(err.response, "headers", None) or {}
         code = headers.get("x-ms-error-code") or getattr(err, "error_code", None) or ""
         code = str(getattr(code, "value", code))  # the SDK's StorageErrorCode enum
+        said = f"code {code}; {_body(err) or err.message}"
         if code == "InvalidOperation" and "contentMD5" in str(err.message):
             code = "Md5Mismatch"  # Azurite's answer to a wrong Content-MD5
-        return classify(int(status), code, where, root)
+        return classify(int(status), code, where, root, said)
     if isinstance(err, ClientAuthenticationError):  # no token (the identity chain) or no key
         return StorageAccessDenied(
             f"{where}: no usable Azure credential ({type(err).__name__}); set "
@@ -187,13 +182,6 @@ class _SentCrc(io.RawIOBase):
         return self._algo.encode(self.crc) if whole else None
 
 
-class _CappedRetry(ExponentialRetry):
-    """Backoff 2, 4, 8, 16, then 20 s (±1): the SDK's default (18, 24, 42... s) outgrows budgets."""
-
-    def get_backoff_time(self, settings: dict[str, Any]) -> float:
-        return min(super().get_backoff_time(settings), 20.0)
-
-
 def _size_guard(where: str, cap: int) -> Callable[[Any], None]:
     """A raw response hook refusing a GET whose object is over ``cap`` from its headers, before
     the SDK reads the body (the connection is closed rather than drained)."""
@@ -224,51 +212,37 @@ def open_azure(
     if not account:
         raise StorageMisconfigured("the storage uri names no account: az://ACCOUNT/CONTAINER/...")
     url = endpoint.rstrip("/") if endpoint else f"https://{account}.blob.core.windows.net"
-    session = Session()
-    adapter = HTTPAdapter(pool_connections=1, pool_maxsize=pool)
-    for prefix in ("https://", "http://"):
-        session.mount(prefix, adapter)
-    retries = max(budget.attempts - 1, 0)
-    retry = _CappedRetry(
-        initial_backoff=0, increment_base=2, random_jitter_range=1, retry_total=retries
+    client = container_client(url, account, location.bucket, secret, budget, pool)
+    return AzureStore(
+        client, account, location.bucket, call_deadline=budget.call_deadline, endpoint=url
     )
-    retry.connect_retries = retry.read_retries = retry.status_retries = retries
-    try:
-        client = ContainerClient(
-            url,
-            location.bucket,
-            credential=credential(account, secret),
-            session=session,
-            retry_policy=retry,
-            connection_timeout=budget.connect_timeout,
-            read_timeout=budget.read_timeout,
-            max_single_put_size=SINGLE_PUT,
-            max_block_size=BLOCK,
-            max_single_get_size=GET_CHUNK,
-            max_chunk_get_size=GET_CHUNK,
-        )
-    except ValueError as e:  # it names the URL, which holds no credential
-        raise StorageMisconfigured(f"spec.checkpoint.storage: no Azure client ({e})") from None
-    return AzureStore(client, account, location.bucket)
 
 
-class AzureStore(ServiceChecksBodies):
+class AzureStore(ServiceChecksBodies, Bounded):
     """Blob calls of one container (``storebase.Store`` says what each does), one HTTP pool."""
 
     scheme = "az"
 
     def __init__(
-        self, client: Any, account: str, container: str, max_get_bytes: int = MAX_GET_BYTES
+        self,
+        client: Any,
+        account: str,
+        container: str,
+        max_get_bytes: int = MAX_GET_BYTES,
+        call_deadline: float | None = None,
+        endpoint: str = "the endpoint",
     ) -> None:
         self.client, self.account, self.bucket = client, account, container
         self.max_get_bytes = max_get_bytes
+        self.call_deadline, self.endpoint = call_deadline, endpoint
         self.root = f"az://{account}/{container}"
 
     def url(self, key: str) -> str:
         return f"{self.root}/{key}"
 
     def _translate(self, err: Exception, key: str) -> StorageError:
-        return translate(err, self.url(key), self.root)
+        where = self.url(key)
+        return calldeadline.settle(err, where, lambda: translate(err, where, self.root))
 
     def _call(self, key: str, method: str, *args: Any, absent: bool = False, **kw: Any) -> Any:
         """``method`` of the key's blob client, its errors translated; with ``absent``, None
@@ -291,6 +265,7 @@ class AzureStore(ServiceChecksBodies):
         got = self.get_with_etag(key)
         return got[0] if got is not None else None
 
+    @one_call
     def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
         """(bytes, the ETag their download answered with). The SDK's first ranged GET tells the
         size: an object over the cap is refused then, before its body is read."""
@@ -307,6 +282,7 @@ class AzureStore(ServiceChecksBodies):
             raise TooLarge(where, None, cap)
         return data, str(down.properties.etag)
 
+    @one_call
     def put(
         self,
         key: str,
@@ -326,11 +302,13 @@ class AzureStore(ServiceChecksBodies):
     def _upload(self, key: str, data: bytes, **kw: Any) -> Any:
         return self._call(key, "upload_blob", data, length=len(data), validate_content=True, **kw)
 
+    @one_call
     def head(self, key: str, algo: Algorithm | None = None) -> tuple[int, str | None] | None:
         """(size, None): the CRC32C metadata is our own claim, so it is not returned."""
         props = self._call(key, "get_blob_properties", absent=True)
         return (int(props.size), None) if props is not None else None
 
+    @one_call
     def put_checked(self, key: str, data: bytes, algo: Algorithm, checksum: str) -> None:
         crc32c_only(self.url(key), algo)
         self._check(key, data, algo, checksum)
@@ -341,6 +319,7 @@ class AzureStore(ServiceChecksBodies):
         crc32c_only(self.url(key), algo)
         return uuid.uuid4().hex
 
+    @one_call
     def upload_part(
         self, key: str, upload_id: str, number: int, data: bytes, algo: Algorithm, checksum: str
     ) -> str:
@@ -360,6 +339,7 @@ class AzureStore(ServiceChecksBodies):
             )
         return block
 
+    @one_call
     def complete_multipart(
         self, key: str, upload_id: str, parts: list[Any], algo: Algorithm, full: str | None
     ) -> None:
@@ -370,6 +350,7 @@ class AzureStore(ServiceChecksBodies):
         meta = {CRC_METADATA: full} if full else None
         self._call(key, "commit_block_list", blocks, metadata=meta, validate_content=True)
 
+    @one_call
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """Drops the key's staged blocks: a create-only commit of an empty block list (a commit
         discards the blocks it does not name), then a delete of that empty blob by its ETag.
@@ -384,6 +365,7 @@ class AzureStore(ServiceChecksBodies):
         except (NotFound, PreconditionFailed):
             pass
 
+    @one_call
     def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
         """(key, upload id) of the blobs under ``prefix`` with staged blocks and no data (listed
         as 0 bytes with uncommitted blobs included; their block lists name the uploads). Staged
@@ -400,6 +382,7 @@ class AzureStore(ServiceChecksBodies):
             raise self._translate(e, prefix) from e
         return found
 
+    @one_call
     def read_range(self, key: str, start: int, end: int, sink: Sink, chunk: int = 8 << 20) -> int:
         """Bytes ``start``..``end`` in ranged GETs of GET_CHUNK (the client's setting, not
         ``chunk``), each pinned by the SDK to the ETag of the first."""
@@ -416,12 +399,22 @@ class AzureStore(ServiceChecksBodies):
         return done
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
-        try:
-            for blob in self.client.list_blobs(name_starts_with=prefix):
-                yield str(blob.name), int(blob.size)
-        except AzureError as e:
-            raise self._translate(e, prefix) from e
+        """(key, size) under ``prefix``, a page at a time; the pages share one deadline."""
+        deadline = self.new_deadline()
+        with calldeadline.within(deadline):
+            pages = self.client.list_blobs(name_starts_with=prefix).by_page()
+        while True:
+            with calldeadline.within(deadline):
+                try:
+                    page = next(pages, None)
+                    blobs = None if page is None else list(page)
+                except Exception as e:
+                    raise self._translate(e, prefix) from e
+            if blobs is None:
+                return
+            yield from ((str(blob.name), int(blob.size)) for blob in blobs)
 
+    @one_call
     def delete(self, keys: list[str]) -> None:
         """Blob Batch deletes of up to 256 keys; a key already gone is no error. An endpoint
         that refuses batches gets one Delete Blob per key."""

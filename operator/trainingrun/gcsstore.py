@@ -10,14 +10,16 @@
   composed in order into the key (through intermediates past 32 parts) and then deleted.
   ``list_multipart`` finds them by name; ``list_objects`` leaves them out, as S3 lists no parts.
 - Retries: google.api_core's, within the ``CallBudget``'s deadline; a plain ``put`` only with a
-  generation condition (a blind retry could overwrite a newer version), the rest always.
+  generation condition (a blind retry could overwrite a newer version), the rest always. With a
+  ``call_deadline``, each call, a listing's pages included, ends by it (``calldeadline``).
+- What the library's errors mean: ``gcserrors.translate``. The client, its credentials and its
+  HTTP pool: ``gcsclient``.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
 import re
 import threading
 import uuid
@@ -26,37 +28,22 @@ from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
 
-import google.auth
-import requests
 from google.api_core import exceptions as gexc
-from google.auth import exceptions as auth_exc
-from google.auth.credentials import AnonymousCredentials
-from google.cloud import storage
-from google.cloud.storage import exceptions as storage_exc
 from google.cloud.storage import retry as gcs_retry
-from google.oauth2 import service_account
-from requests.adapters import HTTPAdapter
 
+from trainingrun import calldeadline
 from trainingrun import storebase as sb
+from trainingrun.calldeadline import Bounded, Deadline, one_call
 from trainingrun.checksum import CRC32C, Algorithm
-from trainingrun.contract import GCS_CREDENTIAL_KEYS
-from trainingrun.storebase import CallBudget, KeyNotFound, Location, StorageError, StorageRejected
+from trainingrun.gcsclient import GCS_ENDPOINT, connector
+from trainingrun.gcserrors import crc_shown, translate
+from trainingrun.storebase import CallBudget, KeyNotFound, Location, StorageRejected
 
-# Without an endpoint the cloud's own; named, so STORAGE_EMULATOR_HOST in the environment (which
-# the library would otherwise follow, anonymously) cannot redirect a run's calls.
-GCS_ENDPOINT = "https://storage.googleapis.com"
 MAX_COMPOSE = 32  # sources of one compose call (a GCS limit)
 DELETERS = 8  # deletes under way at once (a sweep, a completed upload's parts)
 STREAM_CHUNK = 8 << 20  # a part given as a stream is sent in requests of this size
 _MARK = ".trainingrun-upload-"
 _PIECE = re.compile(r"^(.+)\.trainingrun-upload-([0-9a-f]{32})-(?:p\d{5,}|c\d+-\d{5,})$")
-_URL = re.compile(r"\w+://\S+")
-_FIX = (
-    "give the service account (credentialsSecret key GOOGLE_SERVICE_ACCOUNT_JSON, or the pod's "
-    "Workload Identity) storage.objects.get, storage.objects.create, storage.objects.delete and "
-    "storage.objects.list on the bucket (role roles/storage.objectUser) "
-    "(docs/storage.md#google-cloud-storage)"
-)
 
 
 def upload_prefix(key: str, upload_id: str) -> str:
@@ -93,56 +80,6 @@ def compose_plan(
         current = joined + current[i:]
     steps.append((key, current))
     return steps
-
-
-def _message(text: str) -> str:
-    """The service's words in an error's message, without the request's URL (a resumable
-    upload's session URL is a credential of its own): the JSON error's message if there is one."""
-    text = _URL.sub("<url>", text)
-    with contextlib.suppress(ValueError, LookupError, TypeError):
-        text = str(json.JSONDecoder().raw_decode(text, text.index("{"))[0]["error"]["message"])
-    return text[:300]
-
-
-def translate(
-    err: Exception, where: str, bucket: str, bucket_missing: Callable[[], bool]
-) -> StorageError:
-    """What an error of the library means (storebase's list). ``where`` is the gs:// name; a 404
-    whose message does not say whether the bucket or the object is missing (the emulator's)
-    asks ``bucket_missing``. Messages carry the service's own text, never a credential."""
-    if isinstance(err, gexc.RetryError):  # the budget ran out on retryable errors
-        return sb.StorageUnavailable(f"{where}: gave up retrying ({type(err.cause).__name__})")
-    if isinstance(err, auth_exc.DefaultCredentialsError):
-        return sb.StorageAccessDenied(f"{where}: no Google credentials found; {_FIX}")
-    if isinstance(err, auth_exc.RefreshError) and not getattr(err, "retryable", False):
-        return sb.StorageAccessDenied(f"{where}: the credentials were refused; {_FIX}")
-    status, message = 0, ""
-    if isinstance(err, gexc.GoogleAPICallError):
-        status, message = int(err.code or 0), _message(str(err.message or ""))
-    elif isinstance(err, storage_exc.InvalidResponse):
-        status = int(getattr(err.response, "status_code", 0) or 0)
-    lowered = message.lower()
-    if status == 404:
-        if "bucket does not exist" in lowered or (
-            "no such object" not in lowered and bucket_missing()
-        ):
-            return sb.BucketNotFound(f"bucket gs://{bucket} does not exist: create it first")
-        return KeyNotFound(f"{where} does not exist")
-    if status == 412:
-        return sb.PreconditionFailed(f"{where}: condition not met (the generation moved)")
-    if status in (401, 403):
-        return sb.StorageAccessDenied(f"{where}: access denied ({status}: {message}); {_FIX}")
-    if status == 400 and ("crc32c" in lowered or "md5" in lowered) and "match" in lowered:
-        return sb.ChecksumMismatch(f"{where}: the endpoint found a checksum mismatch ({message})")
-    if 400 <= status < 500 and status not in (408, 429):
-        return StorageRejected(f"{where}: the endpoint refused the request ({status}: {message})")
-    if status or isinstance(
-        err, (storage_exc.DataCorruption, auth_exc.GoogleAuthError, requests.RequestException)
-    ):
-        return sb.StorageUnavailable(f"{where}: {status or type(err).__name__} {message}".rstrip())
-    if isinstance(err, OSError):
-        return sb.StorageUnavailable(f"{where}: {type(err).__name__}: {err}")
-    raise err
 
 
 class _Capped:
@@ -190,14 +127,21 @@ def _stream(data: Any) -> tuple[Any, int]:
     return data, size
 
 
-class GcsStore(sb.ServiceChecksBodies):
+class GcsStore(sb.ServiceChecksBodies, Bounded):
     """The calls of one GCS bucket (storebase.Store). The client is made at the first call, so
     that finding no credentials is an error of a call (StorageAccessDenied), as elsewhere."""
 
     scheme = "gs"
 
-    def __init__(self, connect: Callable[[], Any], bucket: str, budget: CallBudget) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        bucket: str,
+        budget: CallBudget,
+        endpoint: str = GCS_ENDPOINT,
+    ) -> None:
         self.bucket = bucket
+        self.call_deadline, self.endpoint = budget.call_deadline, endpoint
         self.max_get_bytes = sb.MAX_GET_BYTES
         self._connect = connect
         self._handle: Any = None
@@ -218,7 +162,11 @@ class GcsStore(sb.ServiceChecksBodies):
                     self._handle = self._connect().bucket(self.bucket)
             return call(self._handle)
         except Exception as e:
-            raise translate(e, self.url(where), self.bucket, self._bucket_missing) from e
+            url = self.url(where)
+            missing = self._bucket_missing
+            raise calldeadline.settle(
+                e, url, partial(translate, e, url, self.bucket, missing)
+            ) from e
 
     def _bucket_missing(self) -> bool:
         """Whether a bare 404 was the bucket's: a one-object listing (storage.objects.list, in
@@ -244,6 +192,7 @@ class GcsStore(sb.ServiceChecksBodies):
         got = self.get_with_etag(key)
         return got[0] if got is not None else None
 
+    @one_call
     def get_with_etag(self, key: str) -> tuple[bytes, str] | None:
         """(bytes, generation) of one download, or None: the generation is the response's, so
         it is that of the bytes however often the object is rewritten. Past max_get_bytes the
@@ -263,6 +212,7 @@ class GcsStore(sb.ServiceChecksBodies):
             raise StorageRejected(f"{self.url(key)}: the download named no generation")
         return bytes(out.buf), str(generation)
 
+    @one_call
     def put(
         self,
         key: str,
@@ -285,6 +235,7 @@ class GcsStore(sb.ServiceChecksBodies):
 
         return str(self._do(key, call))
 
+    @one_call
     def head(self, key: str, algo: Algorithm | None = None) -> tuple[int, str | None] | None:
         """(size, GCS's CRC32C of the whole object when ``algo`` is CRC32C; composed objects
         have one too) or None."""
@@ -313,8 +264,11 @@ class GcsStore(sb.ServiceChecksBodies):
         stored = self._do(name, call)
         if stored != crc:  # the emulator forgets a declared CRC32C past an upload's first chunk
             self._delete_one(name)
-            raise sb.ChecksumMismatch(f"{self.url(name)}: stored CRC32C {stored} != ours {crc}")
+            raise sb.ChecksumMismatch(
+                f"{self.url(name)}: stored CRC32C {crc_shown(stored)} != {crc}"
+            )
 
+    @one_call
     def put_checked(self, key: str, data: bytes, algo: Algorithm, checksum: str) -> None:
         self._upload_checked(key, data, algo, checksum)
 
@@ -331,6 +285,7 @@ class GcsStore(sb.ServiceChecksBodies):
         self._upload_checked(name, data, algo, checksum)
         return name
 
+    @one_call
     def complete_multipart(
         self, key: str, upload_id: str, parts: list[Any], algo: Algorithm, full: str | None
     ) -> None:
@@ -348,20 +303,29 @@ class GcsStore(sb.ServiceChecksBodies):
         if full is not None and composed.crc32c != full:
             self.delete([key])
             raise sb.ChecksumMismatch(
-                f"{self.url(key)}: composed CRC32C {composed.crc32c} != {full}"
+                f"{self.url(key)}: composed CRC32C {crc_shown(composed.crc32c)} != {full}"
             )
 
     def _list(self, prefix: str) -> Iterator[Any]:
-        """The objects under ``prefix``, page by page (an error of any page translated)."""
-        pages = self._do(prefix, lambda b: b.list_blobs(prefix=prefix, **self.kw).pages)
-        while (page := self._do(prefix, lambda _: next(pages, None))) is not None:
+        """The objects under ``prefix``, page by page (an error of any page translated); the
+        pages share one deadline."""
+        deadline = self.new_deadline()
+        with calldeadline.within(deadline):
+            pages = self._do(prefix, lambda b: b.list_blobs(prefix=prefix, **self.kw).pages)
+        while True:
+            with calldeadline.within(deadline):
+                page = self._do(prefix, lambda _: next(pages, None))
+            if page is None:
+                return
             yield from page
 
+    @one_call
     def abort_multipart(self, key: str, upload_id: str) -> None:
         """Deletes the upload's parts and intermediates; none left is no error."""
         with contextlib.suppress(sb.NotFound):
             self.delete([b.name for b in self._list(upload_prefix(key, upload_id))])
 
+    @one_call
     def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
         """(key, upload id) of the uploads with pieces under ``prefix``, found by name."""
         found = (parse_piece(b.name) for b in self._list(prefix))
@@ -373,6 +337,7 @@ class GcsStore(sb.ServiceChecksBodies):
             if parse_piece(blob.name) is None:
                 yield blob.name, int(blob.size or 0)
 
+    @one_call
     def read_range(
         self, key: str, start: int, end: int, sink: sb.Sink, chunk: int = 8 << 20
     ) -> int:
@@ -384,14 +349,16 @@ class GcsStore(sb.ServiceChecksBodies):
         out.flush()
         return out.count
 
+    @one_call
     def delete(self, keys: list[str]) -> None:
         """Deletes ``keys``, DELETERS at a time; a key already gone is no error. One call a key:
         the emulator answers the JSON API's batch requests of this library with nothing."""
+        one = partial(self._delete_one, deadline=calldeadline.current())  # the pool's threads
         with ThreadPoolExecutor(min(DELETERS, len(keys) or 1)) as pool:
-            list(pool.map(self._delete_one, keys))
+            list(pool.map(one, keys))
 
-    def _delete_one(self, key: str) -> None:
-        with contextlib.suppress(KeyNotFound):
+    def _delete_one(self, key: str, deadline: Deadline | None = None) -> None:
+        with calldeadline.within(deadline), contextlib.suppress(KeyNotFound):
             self._do(key, lambda b: b.delete_blob(key, **self.kw))
 
 
@@ -402,30 +369,6 @@ def _composed(b: Any, dest: str, sources: list[str], kw: Mapping[str, Any]) -> A
     return blob
 
 
-def _client(credentials: Any, project: str | None, endpoint: str, pool: int) -> Any:
-    """A client on ``endpoint`` whose HTTP session keeps ``pool`` connections: the transfer's
-    threads share it."""
-    client = storage.Client(
-        project=project, credentials=credentials, client_options={"api_endpoint": endpoint}
-    )
-    adapter = HTTPAdapter(pool_connections=pool, pool_maxsize=pool, max_retries=0)
-    for scheme in ("https://", "http://"):
-        client._http.mount(scheme, adapter)
-    return client
-
-
-def _secret_credentials(secret: Mapping[str, str]) -> Any:
-    (name,) = GCS_CREDENTIAL_KEYS
-    try:
-        info = json.loads(secret[name])
-        return service_account.Credentials.from_service_account_info(info)  # type: ignore[no-untyped-call]
-    except (KeyError, ValueError, TypeError, AttributeError) as e:  # never the value itself
-        raise sb.StorageMisconfigured(
-            f"credentialsSecret key {name} is not a service-account key file's JSON "
-            f"({type(e).__name__}); create the key with `gcloud iam service-accounts keys create`"
-        ) from None
-
-
 def open_gcs(
     location: Location,
     endpoint: str | None,
@@ -433,18 +376,7 @@ def open_gcs(
     budget: CallBudget,
     pool: int = 16,
 ) -> GcsStore:
-    """The store of ``location``'s bucket. Credentials: the Secret's service-account key (read
-    now: StorageMisconfigured when it is not one); without one, anonymous on an ``endpoint``
-    (an emulator), else the pod's own identity (google.auth.default: GKE Workload Identity)."""
-    url = (endpoint or GCS_ENDPOINT).rstrip("/")
-    creds = _secret_credentials(secret) if secret else None
-
-    def connect() -> Any:
-        if creds is not None:
-            return _client(creds, getattr(creds, "project_id", None), url, pool)
-        if endpoint:
-            return _client(AnonymousCredentials(), None, url, pool)  # type: ignore[no-untyped-call]
-        found, project = google.auth.default()
-        return _client(found, project or None, url, pool)
-
-    return GcsStore(connect, location.bucket, budget)
+    """The store of ``location``'s bucket (``gcsclient`` makes its client). Raises
+    StorageMisconfigured when the Secret's key file is refused or holds no key."""
+    url, connect = connector(endpoint, secret, budget, pool)
+    return GcsStore(connect, location.bucket, budget, url)

@@ -1,13 +1,8 @@
 """The S3 store (boto3): AWS S3 and the S3-compatible stores (MinIO, Ceph, SeaweedFS, GCS
-interoperability). ``S3Store._translate`` decides in one place what 404, 412, 429 and 5xx mean
-(``storebase`` lists the errors every store raises):
-
-- 404 / NoSuchKey: ``None`` from the reads; NoSuchBucket: ``BucketNotFound``.
-- 412 PreconditionFailed: ``PreconditionFailed`` (a create-only or compare-and-swap lost).
-- 429, 5xx, timeouts, connection errors: retried by botocore with jittered backoff within the
-  client's ``CallBudget``, then ``StorageUnavailable``.
-- 403 / credentials: ``StorageAccessDenied`` naming the IAM actions and the fix.
-- 400 BadDigest: ``ChecksumMismatch`` (bytes changed on the way); other 4xx: ``StorageRejected``.
+interoperability). ``s3errors.translate`` decides in one place what 404, 412, 429 and 5xx mean;
+429, 5xx, timeouts and connection errors are retried by botocore with jittered backoff within
+the client's ``CallBudget`` first. With a ``call_deadline``, each call, a listing's pages
+included, ends by it (``calldeadline``).
 """
 
 from __future__ import annotations
@@ -24,24 +19,21 @@ import botocore.exceptions
 from botocore.config import Config
 from botocore.response import StreamingBody
 
+from trainingrun import calldeadline
+from trainingrun.calldeadline import Bounded, one_call
 from trainingrun.checksum import Algorithm
+from trainingrun.s3errors import delete_refusal, translate
 from trainingrun.s3sign import content_md5, s3_config, sign_bodies, sign_unchecked_bodies
 from trainingrun.storebase import (
     MAX_GET_BYTES,
     PATIENT_BUDGET,
-    BucketNotFound,
     CallBudget,
-    ChecksumMismatch,
     KeyNotFound,
     Location,
     NotFound,
-    PreconditionFailed,
     Sink,
-    StorageAccessDenied,
     StorageError,
     StorageMisconfigured,
-    StorageRejected,
-    StorageUnavailable,
     TooLarge,
 )
 
@@ -141,6 +133,8 @@ def make_client(
         kwargs["aws_secret_access_key"] = credentials.secret_key
     client = boto3.client("s3", **kwargs)
     sign_unchecked_bodies(client)
+    if budget.call_deadline is not None:
+        calldeadline.bound_botocore(client)
     return client
 
 
@@ -159,7 +153,12 @@ def open_s3(
         raise StorageMisconfigured(
             f"spec.checkpoint.storage: no S3 client can be made of it ({type(e).__name__}: {e})"
         ) from None
-    return S3Store(client, location.bucket)
+    return S3Store(
+        client,
+        location.bucket,
+        call_deadline=budget.call_deadline,
+        endpoint=client.meta.endpoint_url,
+    )
 
 
 def _unfinished_uploads(client: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
@@ -170,55 +169,32 @@ def _unfinished_uploads(client: Any, bucket: str, prefix: str) -> list[tuple[str
     return [(str(u["Key"]), str(u["UploadId"])) for p in pages for u in p.get("Uploads") or []]
 
 
-class S3Store:
-    """S3 calls for one bucket (``storebase.Store`` says what each one does)."""
+class S3Store(Bounded):
+    """S3 calls for one bucket (``storebase.Store`` says what each one does); each within
+    ``call_deadline`` seconds when that is set (``calldeadline``)."""
 
     scheme = "s3"
 
-    def __init__(self, client: Any, bucket: str, max_get_bytes: int = MAX_GET_BYTES) -> None:
+    def __init__(
+        self,
+        client: Any,
+        bucket: str,
+        max_get_bytes: int = MAX_GET_BYTES,
+        call_deadline: float | None = None,
+        endpoint: str | None = None,
+    ) -> None:
         self.client = client
         self.bucket = bucket
         self.max_get_bytes = max_get_bytes
+        self.call_deadline = call_deadline
+        self.endpoint = endpoint or "the endpoint"
 
     def url(self, key: str) -> str:
         return f"s3://{self.bucket}/{key}"
 
     def _translate(self, err: Exception, key: str) -> StorageError:
         where = self.url(key)
-        if isinstance(err, botocore.exceptions.ClientError):
-            status = int(err.response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0))
-            code = str(err.response.get("Error", {}).get("Code", ""))
-            if status == 404 or code in ("NoSuchKey", "NoSuchBucket", "NotFound"):
-                if code == "NoSuchBucket":
-                    return BucketNotFound(f"bucket {self.bucket!r} does not exist: create it first")
-                return KeyNotFound(f"{where} does not exist")
-            if status == 412 or code == "PreconditionFailed":
-                return PreconditionFailed(f"{where}: condition not met")
-            if status == 403 or code in (
-                "AccessDenied",
-                "InvalidAccessKeyId",
-                "SignatureDoesNotMatch",
-            ):
-                return StorageAccessDenied(
-                    f"{where}: access denied ({code}); check the credentials Secret or the "
-                    "role's bucket policy: s3:ListBucket, s3:ListBucketMultipartUploads on the "
-                    "bucket; s3:GetObject, s3:PutObject, s3:DeleteObject, "
-                    "s3:AbortMultipartUpload on the prefix (docs/storage.md#bucket-permissions)"
-                )
-            if code in ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch"):
-                return ChecksumMismatch(f"{where}: the endpoint found a checksum mismatch ({code})")
-            if 400 <= status < 500 and status not in (408, 429):
-                return StorageRejected(f"{where}: the endpoint refused the request ({code})")
-            return StorageUnavailable(f"{where}: {code or status}")
-        if isinstance(err, botocore.exceptions.NoCredentialsError):
-            return StorageAccessDenied(
-                f"{where}: no credentials found; set spec.checkpoint.storage.credentialsSecret "
-                "or give the pod an identity (IRSA, Workload Identity)"
-            )
-        # HTTPException: a body cut short under the direct reads of ``_stream`` (IncompleteRead).
-        if isinstance(err, (botocore.exceptions.BotoCoreError, OSError, http.client.HTTPException)):
-            return StorageUnavailable(f"{where}: {err}")
-        raise err
+        return calldeadline.settle(err, where, lambda: translate(err, where, self.bucket))
 
     def get(self, key: str) -> bytes | None:
         got = self._get(key)
@@ -228,6 +204,7 @@ class S3Store:
         got = self._get(key)
         return (got[0], str(got[1]["ETag"])) if got is not None else None
 
+    @one_call
     def _get(self, key: str) -> tuple[bytes, dict[str, Any]] | None:
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key)
@@ -254,6 +231,7 @@ class S3Store:
             raise TooLarge(self.url(key), None, cap)
         return data
 
+    @one_call
     def put(
         self,
         key: str,
@@ -281,6 +259,7 @@ class S3Store:
         except Exception as e:
             raise self._translate(e, key) from e
 
+    @one_call
     def head(self, key: str, algo: Algorithm | None = None) -> tuple[int, str | None] | None:
         """(size, stored checksum in ``algo`` if the endpoint returns it), or None when the
         object does not exist."""
@@ -303,6 +282,7 @@ class S3Store:
     def sign_bodies(self) -> None:
         sign_bodies(self.client)
 
+    @one_call
     def put_checked(self, key: str, data: bytes, algo: Algorithm, checksum: str) -> None:
         """Writes ``data`` with its full-object checksum; the endpoint rejects a mismatch."""
         try:
@@ -312,6 +292,7 @@ class S3Store:
         except Exception as e:
             raise self._translate(e, key) from e
 
+    @one_call
     def create_multipart(self, key: str, algo: Algorithm) -> str:
         """An upload whose parts carry ``algo``; a combinable one makes the whole object's
         checksum the endpoint checks at completion (FULL_OBJECT)."""
@@ -323,6 +304,7 @@ class S3Store:
         except Exception as e:
             raise self._translate(e, key) from e
 
+    @one_call
     def upload_part(
         self,
         key: str,
@@ -346,6 +328,7 @@ class S3Store:
             raise self._translate(e, key) from e
         return {"PartNumber": number, "ETag": resp["ETag"], algo.header: checksum}
 
+    @one_call
     def complete_multipart(
         self,
         key: str,
@@ -369,6 +352,7 @@ class S3Store:
         except Exception as e:
             raise self._translate(e, key) from e
 
+    @one_call
     def abort_multipart(self, key: str, upload_id: str) -> None:
         try:
             self.client.abort_multipart_upload(Bucket=self.bucket, Key=key, UploadId=upload_id)
@@ -377,12 +361,14 @@ class S3Store:
             if not isinstance(err, NotFound):
                 raise err from e
 
+    @one_call
     def list_multipart(self, prefix: str) -> list[tuple[str, str]]:
         try:
             return _unfinished_uploads(self.client, self.bucket, prefix)
         except Exception as e:
             raise self._translate(e, prefix) from e
 
+    @one_call
     def read_range(self, key: str, start: int, end: int, sink: Sink, chunk: int = 8 << 20) -> int:
         """Streams bytes ``start``..``end`` inclusive of an object into ``sink`` in blocks of
         up to ``chunk``; returns how many bytes came. The blocks are views of one buffer, read
@@ -394,15 +380,27 @@ class S3Store:
             raise self._translate(e, key) from e
 
     def list_objects(self, prefix: str) -> Iterator[tuple[str, int]]:
-        """(key, size) of every object under ``prefix``."""
-        paginator = self.client.get_paginator("list_objects_v2")
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=prefix):
-                for obj in page.get("Contents") or []:
-                    yield str(obj["Key"]), int(obj["Size"])
-        except Exception as e:
-            raise self._translate(e, prefix) from e
+        """(key, size) of every object under ``prefix``, a page at a time; the pages share
+        one deadline."""
+        deadline = self.new_deadline()
+        with calldeadline.within(deadline):
+            pages = iter(
+                self.client.get_paginator("list_objects_v2").paginate(
+                    Bucket=self.bucket, Prefix=prefix
+                )
+            )
+        while True:
+            with calldeadline.within(deadline):
+                try:
+                    page = next(pages, None)
+                except Exception as e:
+                    raise self._translate(e, prefix) from e
+            if page is None:
+                return
+            for obj in page.get("Contents") or []:
+                yield str(obj["Key"]), int(obj["Size"])
 
+    @one_call
     def delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
             chunk = [{"Key": k} for k in keys[i : i + 1000]]
@@ -413,8 +411,7 @@ class S3Store:
             # DeleteObjects answers 200 and lists the keys it could not delete.
             errors = out.get("Errors") or []
             if errors:
-                first = errors[0]
-                raise StorageError(
-                    f"{self.url(str(first.get('Key')))}: {len(errors)} of {len(chunk)} "
-                    f"objects not deleted ({first.get('Code')}: {first.get('Message')})"
-                )
+                first, asked = errors[0], keys[i : i + 1000]
+                named = str(first.get("Key"))
+                where = self.url(named if named in asked else asked[0])
+                raise delete_refusal(where, first, len(errors), len(chunk))

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 
 from trainingrun.api import StorageSpec
 from trainingrun.contract import STORE_CREDENTIAL_KEYS
+from trainingrun.gcskey import key_info
 from trainingrun.s3store import Credentials, S3Store, make_client, open_s3
 from trainingrun.storebase import (
     MAX_GET_BYTES,
@@ -20,6 +21,7 @@ from trainingrun.storebase import (
     BucketNotFound,
     CallBudget,
     ChecksumMismatch,
+    CredentialsSecretError,
     KeyNotFound,
     Location,
     NotFound,
@@ -97,15 +99,13 @@ class SecretValues(dict[str, str]):
         return hashlib.sha256(joined.encode()).hexdigest()
 
 
-class CredentialsSecretError(StorageError):
-    """The run's credentials Secret is missing or lacks a key."""
-
-
 def secret_credentials(
     namespace: str, name: str, data: Mapping[str, str] | None, scheme: str = "s3"
 ) -> SecretValues:
     """The keys the ``scheme``'s store reads, from the decoded data of the Secret named by
-    credentialsSecret; empty values count as absent."""
+    credentialsSecret; empty values count as absent. A gs:// key file must be one the store
+    takes (``gcskey``: Google's token_uri, bounded size and fields). Raises
+    CredentialsSecretError naming the key or field at fault, never a value."""
     keys, all_needed = STORE_CREDENTIAL_KEYS[scheme]
     wanted = " and ".join(keys) if all_needed else " or ".join(keys)
     if data is None:
@@ -119,6 +119,11 @@ def secret_credentials(
         raise CredentialsSecretError(
             f"Secret {namespace}/{name} has no key {missing[0] if all_needed else wanted}"
         )
+    if scheme == "gs":  # its token_uri is a URL the client would call: checked before any use
+        try:
+            key_info(found[keys[0]])
+        except CredentialsSecretError as e:
+            raise CredentialsSecretError(f"Secret {namespace}/{name}: {e}") from None
     return found
 
 

@@ -14,10 +14,18 @@ Every store decides in one place what its service's answers mean:
 - denied or no credentials: ``StorageAccessDenied`` naming the store's own permission names.
 - a checksum the service found wrong: ``ChecksumMismatch``; other refusals: ``StorageRejected``.
 - a ``get`` past ``max_get_bytes``: ``TooLarge``, with no more than that many bytes read.
+- a call of a budget with a ``call_deadline`` still unfinished by then: ``CallTimedOut``.
+
+The endpoint is the tenant's choice and the operator calls it from its own network position, so
+an error's message (what status and Events show) carries none of the endpoint's words: no reply
+body, reason phrase or error message, and an error code only when it is a plain identifier
+(``shown_code``). What the endpoint said goes to the error's ``detail``, escaped
+(``escaped``), for the operator's log only (``log_text``).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
@@ -27,12 +35,66 @@ from trainingrun.checksum import CRC32C, Algorithm
 SCHEMES = ("s3", "gs", "az")
 
 
+# The most of an endpoint's words an error keeps for the log, once escaped.
+DETAIL_CHARS = 200
+_IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9]{0,63}")
+_URL = re.compile(r"\w+://\S+")
+
+
+def escaped(text: object, limit: int = DETAIL_CHARS) -> str:
+    """``text`` on one line, as a Python string literal shows it (newlines, carriage returns,
+    escape codes and every other unprintable character as ``\\n``, ``\\x1b``...), cut to
+    ``limit`` characters with "..." after: an endpoint's words in a log line can neither start
+    a forged line nor drive the terminal."""
+    out: list[str] = []
+    size = 0
+    for ch in str(text):
+        shown = ch if ch.isprintable() and ch != "\\" else repr(ch)[1:-1]
+        if size + len(shown) > limit:
+            return "".join(out) + "..."
+        out.append(shown)
+        size += len(shown)
+    return "".join(out)
+
+
+def shown_code(code: object) -> str:
+    """An endpoint's error code as a message may show it: a plain identifier (AccessDenied,
+    ServerBusy) of at most 64 characters, else "" (the code stays in the detail)."""
+    text = str(code or "")
+    return text if _IDENTIFIER.fullmatch(text) else ""
+
+
 class StorageError(Exception):
-    """A storage failure; the message names the bucket or key and what to do."""
+    """A storage failure; the message names the bucket or key and what to do, and never
+    repeats the endpoint's words: those are in ``detail``, escaped, for the log only."""
+
+    def __init__(self, message: str = "", detail: object = "") -> None:
+        super().__init__(message)
+        # Without URLs: a request's own (a SAS, an upload session) is a credential.
+        self.detail = escaped(_URL.sub("<url>", str(detail))) if detail else ""
+
+
+def log_text(error: BaseException) -> str:
+    """What the operator's log says of ``error``: its message, and the endpoint's own words
+    (escaped) where a store kept them."""
+    detail = getattr(error, "detail", "")
+    return f"{error} (the endpoint said: {detail})" if detail else str(error)
 
 
 class StorageUnavailable(StorageError):
     """The endpoint did not answer or kept answering 429/5xx; retrying later may work."""
+
+
+class CallTimedOut(StorageUnavailable):
+    """A call of a budget with a ``call_deadline`` had not ended by then (the endpoint kept
+    sending, slowly, or kept a listing going); retrying later may work."""
+
+    def __init__(self, where: str, endpoint: str, seconds: float) -> None:
+        super().__init__(
+            f"{where}: {endpoint} did not finish answering within {seconds:g} s, the most one "
+            "call may take (every attempt included); the call is given up and tried again later"
+        )
+        self.seconds = seconds
 
 
 class StorageAccessDenied(StorageError):
@@ -85,6 +147,10 @@ class StorageMisconfigured(Exception):
     """No client can be made of the run's endpoint, region and credentials: they must change."""
 
 
+class CredentialsSecretError(StorageError):
+    """The run's credentials Secret is missing, lacks a key, or holds one the store refuses."""
+
+
 @dataclass(frozen=True)
 class Location:
     """A run's place in a store: ``bucket`` is the S3 or GCS bucket or the Azure container,
@@ -113,27 +179,33 @@ class Location:
 @dataclass(frozen=True)
 class CallBudget:
     """How long one call may take: ``attempts`` (the first one included) times the timeouts,
-    plus jittered backoff between them. The read timeout bounds each wait for bytes."""
+    plus jittered backoff between them. The read timeout bounds each wait for bytes, not a
+    call: an endpoint sending a byte a second never trips it. ``call_deadline``, where set,
+    bounds the call itself by the wall clock, every attempt and page of a listing included
+    (``calldeadline``); None: the timeouts only."""
 
     attempts: int
     connect_timeout: float
     read_timeout: float
     retry_mode: Literal["standard", "adaptive"] = "standard"
+    call_deadline: float | None = None
 
     @property
     def deadline(self) -> float:
         """Seconds a call and its retries may take at most, backoff included (for SDKs that
         bound retries by time rather than count)."""
-        return self.attempts * (self.connect_timeout + self.read_timeout) + 2.0 * self.attempts
+        most = self.attempts * (self.connect_timeout + self.read_timeout) + 2.0 * self.attempts
+        return most if self.call_deadline is None else min(most, self.call_deadline)
 
 
 # The sync sidecar, the restore and the user commands: one caller, one endpoint; riding out a
 # throttling or failing-over endpoint (8 retries, ~9 minutes at worst) beats failing a checkpoint.
 PATIENT_BUDGET = CallBudget(attempts=9, connect_timeout=5, read_timeout=60, retry_mode="adaptive")
-# The operator: a handful of workers serve every run of every tenant, so a call to an endpoint
-# that does not answer gives up within ~20 s (~30 s at worst) and the pass is retried later.
+# The operator: a handful of workers serve every run of every tenant, so a call gives up after
+# 25 s by the wall clock at most, however slowly the endpoint sends (one that never answers:
+# ~20 s, two waits of 10 s), and the pass is retried later.
 # "standard", not "adaptive": adaptive's client-side rate limiter can sleep in the worker.
-OPERATOR_BUDGET = CallBudget(attempts=2, connect_timeout=5, read_timeout=10)
+OPERATOR_BUDGET = CallBudget(attempts=2, connect_timeout=5, read_timeout=10, call_deadline=25)
 # ``get`` reads JSON records, the manifests (trainingrun.manifest caps them at 4 and 8 MiB);
 # a larger object there is not one, and is refused before it is loaded.
 MAX_GET_BYTES = 8 << 20
