@@ -5,11 +5,11 @@ checkpoints.
 - The admin's allowlists (``TRAININGRUN_ALLOWED_ENDPOINTS``, ``TRAININGRUN_ALLOWED_URIS``):
   when set, an endpoint or uri outside them fails the run with ``StorageNotAllowed``. A uri
   prefix may hold ``{namespace}``: each namespace then gets a base path of its own.
-- A custom endpoint without ``credentialsSecret``: the operator would sign with its own
-  identity (its service account's cloud role) for a host the tenant chose. Refused, unless the
-  admin lists that endpoint (an AWS PrivateLink endpoint used with the pods' own identity).
-  gs:// is the exception: without a Secret its calls to a custom endpoint (an emulator, a
-  public bucket's mirror) go unsigned, so nothing of the operator's can leak.
+- A custom endpoint without ``credentialsSecret``, on every scheme: the operator would call a
+  host the tenant chose from its own network position, signing with its own identity (s3://,
+  az://) or unsigned (gs://, as to an emulator), and make it a probe of its network. Refused,
+  unless the admin lists that endpoint (an AWS PrivateLink endpoint used with the pods' own
+  identity, an emulator).
 - The run's folder ``<uri>/<namespace>/<run>`` must not lie inside another run's checkpoint
   folder: a path part ``checkpoints`` (where every run keeps its checkpoints), ``manifest.json``,
   or an empty, ``.`` or ``..`` part is refused. Otherwise one run's retention could delete
@@ -92,18 +92,13 @@ def refusal(
             f"operator's administrator allows ({', '.join(allowed_endpoints)}); use one of them "
             "or ask the administrator to add it (TRAININGRUN_ALLOWED_ENDPOINTS)",
         )
-    unsigned = scheme == "gs"  # see the module's docstring
-    if (
-        storage.endpoint
-        and not storage.credentials_secret
-        and not unsigned
-        and endpoint not in listed
-    ):
+    if storage.endpoint and not storage.credentials_secret and endpoint not in listed:
         return Refusal(
             R.STORAGE_NOT_ALLOWED,
             f"spec.checkpoint.storage.endpoint {endpoint} is set without credentialsSecret: the "
-            "operator does not sign requests to a custom endpoint with its own identity; name a "
-            "Secret with the endpoint's keys in spec.checkpoint.storage.credentialsSecret",
+            "operator calls a custom endpoint only with the run's own keys (or when its "
+            "administrator lists the endpoint in TRAININGRUN_ALLOWED_ENDPOINTS); name a Secret "
+            "with the endpoint's keys in spec.checkpoint.storage.credentialsSecret",
         )
     uri = storage.uri.rstrip("/")
     bases = [u.replace(NAMESPACE, namespace) for u in allowed_uris]
