@@ -353,7 +353,10 @@ class RestClient:
         conn: Connection,
         pool_size: int = 32,
         timeout: urllib3.Timeout = DEFAULT_TIMEOUT,
+        retries: urllib3.Retry | bool | None = None,
     ) -> None:
+        """``retries``: the pool's retries of a call with no answer (None: urllib3's default,
+        3 retries, each with the full ``timeout``; False: none)."""
         self.conn = conn
         self.on_call: Callable[[str, str], None] | None = None
         url = urllib.parse.urlsplit(conn.server)
@@ -366,6 +369,8 @@ class RestClient:
         # As large as the worker pool: a smaller pool makes every extra worker open (and
         # TLS-handshake) a new connection per call.
         pool = {"maxsize": pool_size, "block": False, "timeout": timeout, **tls}
+        if retries is not None:
+            pool["retries"] = retries
         self._origin = f"{url.scheme}://{url.netloc}"
         self.pool: urllib3.PoolManager = (
             urllib3.ProxyManager(conn.proxy, num_pools=1, **pool)
@@ -382,15 +387,18 @@ class RestClient:
         template: str,
         body: Any = None,
         content_type: str = JSON,
-        **params: str,
+        **params: str | urllib3.Retry | urllib3.Timeout | bool,
     ) -> dict[str, Any]:
         """The answer's JSON; HttpError for an error status; urllib3's errors when there is no
-        answer. ``params`` fill the template's fields (a query's too), each URL-quoted."""
+        answer. ``params`` fill the template's fields (a query's too), each URL-quoted, except
+        ``retries`` and ``timeout``: this call's own (urllib3's), instead of the pool's."""
+        own = {k: params.pop(k) for k in ("retries", "timeout") if k in params}
+        fields = {k: str(v) for k, v in params.items()}
         if self.on_call is not None:
-            plural = params.get("plural")
+            plural = fields.get("plural")
             self.on_call(method, template.replace("{plural}", plural) if plural else template)
         path = self._prefix + template.format(
-            **{k: urllib.parse.quote(v, safe="") for k, v in params.items()}
+            **{k: urllib.parse.quote(v, safe="") for k, v in fields.items()}
         )
         headers = {"Accept": JSON, "User-Agent": "trainingrun"}
         if self.conn.bearer is not None:
@@ -400,7 +408,7 @@ class RestClient:
             data = json.dumps(body).encode()
             headers["Content-Type"] = content_type
         response = self.pool.urlopen(
-            method, self._origin + path, body=data, headers=headers, redirect=False
+            method, self._origin + path, body=data, headers=headers, redirect=False, **own
         )
         if response.status >= 400:
             raise _error(response.status, response.reason or "", response.data)
