@@ -20,7 +20,7 @@ from trainingrun.committed import Choice
 from trainingrun.decide import reasons as R
 from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, gang_name_problem, resume_of
 from trainingrun.decide.reconcile import Observed, Plan, started
-from trainingrun.decide.waits import secret_wait, wait, wait_over
+from trainingrun.decide.waits import Wait, secret_wait, wait, wait_over
 from trainingrun.events import EventSink
 from trainingrun.launcher import Launcher
 from trainingrun.manifest import Layout, ManifestError, RunManifest
@@ -79,13 +79,9 @@ class Starter:
         recorded = status  # as written: what the writes below compare with
         if choice.rejected:
             first()  # the plan's Events before the checkpoints' own
-            message = skipped_message(choice)
-            self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
-            status = with_bad_steps(status, choice, manifest)
-            if choice.entry is None and choice.untried:
-                # Older ones are still to be tried: the next try reads them, not these again.
-                held = wait(status, obs.generation, R.CHECKPOINT_SKIPPED, message, obs.now)
-                return self.writer.wait(run, recorded, replace(held, event=None))
+            status, skipped = self._skipped(run, obs, status, choice, manifest)
+            if skipped is not None:
+                return self.writer.wait(run, recorded, skipped)
         pods = attempt_pods(ref, status.attempt, choice, epoch, self.settings.agent)
         launched = self.launcher.launch(run, ref, pods)
         if launched.first is None or launched.invalid is not None or launched.held is not None:
@@ -111,6 +107,25 @@ class Starter:
             self.events.post(run, told.type, told.reason, told.message)
         self.events.post(run, ev.type, ev.reason, ev.message)
         return None
+
+    def _skipped(
+        self,
+        run: dict[str, Any],
+        obs: Observed,
+        status: TrainingRunStatus,
+        choice: Choice,
+        manifest: RunManifest,
+    ) -> tuple[TrainingRunStatus, Wait | None]:
+        """Says the checkpoints ``choice`` passed over in one Event and records them as bad:
+        the status to go on with, and the wait when older ones are still to be tried (the next
+        try reads them, not these again)."""
+        message = skipped_message(choice)
+        self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
+        status = with_bad_steps(status, choice, manifest)
+        if choice.entry is not None or not choice.untried:
+            return status, None
+        held = wait(status, obs.generation, R.CHECKPOINT_SKIPPED, message, obs.now)
+        return status, replace(held, event=None)  # said above
 
     def _fence(
         self,
