@@ -163,28 +163,7 @@ class Reconciler:
             return None
         self.notices.remember((namespace, name), spec)
 
-        gang = observe_gang(self.view, ref, status, now)
-        self.notices.pass_on(gang, spec)
-        first = gang[0]
-        obs = Observed(
-            name=name,
-            generation=generation,
-            spec=spec,
-            status=status,
-            pod=first.pod,
-            node=first.node,
-            node_deleted=first.node_deleted,
-            latest=None,
-            now=now,
-            peers=tuple(gang[1:]),
-        )
-        begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
-        ended = begun and attempt_outcome(obs).ended
-        # Kueue's answer, once it is known whether an attempt runs under the Workload's
-        # admission (it goes on) or the next one would start (only under an admission given
-        # for the current template).
-        queued = self.queues.observe(run, ref, status, self.settings.agent, begun and not ended)
-        obs = replace(obs, queue=queued.queue)
+        obs, begun, ended, queued = self._observe(run, ref, status, generation, now)
         # An attempt's end, and the warning that it committed nothing, are judged on the bucket
         # manifest itself rather than the last refresh (up to checkpoint_refresh_seconds old).
         # The plan of a running attempt is made before the read, to see whether it warns; it
@@ -201,6 +180,38 @@ class Reconciler:
         again = self._apply(run, ref, obs, p, seen.seen)
         self.queues.settle(run, p.status, queued, self.view, self._now())
         return sooner(again, self.queues.poll_after(queued, p.status))
+
+    def _observe(
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        status: TrainingRunStatus,
+        generation: int,
+        now: datetime,
+    ) -> tuple[Observed, bool, bool, Seen]:
+        """The current attempt's pods and nodes, whether it began and ended, and Kueue's
+        answer (asked once it is known whether an attempt runs under the Workload's admission,
+        which it keeps, or the next would start: only under an admission given for the
+        current template)."""
+        gang = observe_gang(self.view, ref, status, now)
+        self.notices.pass_on(gang, ref.spec)
+        first = gang[0]
+        obs = Observed(
+            name=ref.name,
+            generation=generation,
+            spec=ref.spec,
+            status=status,
+            pod=first.pod,
+            node=first.node,
+            node_deleted=first.node_deleted,
+            latest=None,
+            now=now,
+            peers=tuple(gang[1:]),
+        )
+        begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
+        ended = begun and attempt_outcome(obs).ended
+        queued = self.queues.observe(run, ref, status, self.settings.agent, begun and not ended)
+        return replace(obs, queue=queued.queue), begun, ended, queued
 
     def _apply(
         self,
