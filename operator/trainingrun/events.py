@@ -22,6 +22,7 @@ log = logging.getLogger("trainingrun.operator")
 # so that one tenant's flood neither drops nor delays another's Events.
 CAPACITY = 2000
 NAMESPACE_SHARE = 500
+MESSAGE_MAX = 1024  # characters of a message kept (the API server's Event takes as many)
 
 
 class EventSink(Protocol):
@@ -121,7 +122,8 @@ class EventPoster:
     """Queues Events and posts them from its own thread, started by ``start()``. When the API
     server falls far behind, Events are dropped (counted in the metrics and the log) rather
     than held in memory without bound: at most ``capacity`` in all and ``namespace_share`` per
-    namespace, a flooding namespace's oldest first (``FairQueue``)."""
+    namespace, a flooding namespace's oldest first (``FairQueue``), each message cut to
+    ``MESSAGE_MAX`` characters."""
 
     def __init__(
         self,
@@ -144,7 +146,8 @@ class EventPoster:
         target = {"metadata": {k: meta[k] for k in ("name", "namespace", "uid")}}
         if self._metrics:
             self._metrics.transitions.labels(reason=reason).inc()
-        dropped = self._queue.put(str(meta["namespace"]), (target, type_, reason, message))
+        item = (target, type_, reason, message[:MESSAGE_MAX])
+        dropped = self._queue.put(str(meta["namespace"]), item)
         if dropped is None:
             return
         self._dropped += 1

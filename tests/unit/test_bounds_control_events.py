@@ -1,12 +1,12 @@
 """The operator's Event queue (``trainingrun.events.EventPoster``) is shared by every tenant and
 fair between namespaces: one namespace flooding it drops its own oldest Events, never another
 namespace's, and the namespaces take turns at the API server; the memory it holds stays bounded
-(at most ``capacity`` Events in all, ``namespace_share`` per namespace); within one namespace
-Events keep the order they were handed over in."""
+(at most ``capacity`` Events in all, ``namespace_share`` per namespace, each message cut to the
+1024 characters an Event keeps); within one namespace Events keep the order they were handed
+over in."""
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -16,15 +16,12 @@ from trainingrun.opmetrics import OperatorMetrics
 
 
 class Writer:
-    """The API server's Event creates, recorded in order; ``gate`` holds the first one back."""
+    """The API server's Event creates, recorded in order."""
 
     def __init__(self) -> None:
         self.posted: list[tuple[str, str]] = []  # (namespace, message)
-        self.gate = threading.Event()
-        self.gate.set()
 
     def event(self, run: dict[str, Any], type_: str, reason: str, message: str) -> None:
-        self.gate.wait(10.0)
         self.posted.append((run["metadata"]["namespace"], message))
 
 
@@ -84,3 +81,14 @@ def test_a_quiet_namespace_keeps_its_events_while_the_queue_is_full() -> None:
 
     assert ("c", "c-0") in writer.posted
     assert len(writer.posted) <= 100
+
+
+def test_a_queued_message_is_cut_to_what_an_event_holds() -> None:
+    writer = Writer()
+    poster = EventPoster(writer)
+    poster.post(run("a"), "Warning", "Failed", "x" * 100_000)
+
+    poster.start()
+    assert poster.flush(timeout=30.0)
+
+    assert writer.posted == [("a", "x" * 1024)]
