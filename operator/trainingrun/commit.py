@@ -9,7 +9,7 @@ each checkpoint, the sidecar of each rank:
 
 1. uploads every file under ``checkpoints/checkpoint-<step>/e<epoch>/r<rank>/``, keys no other
    attempt or rank writes, with a full-object checksum the endpoint checks;
-2. verifies each object's size and stored checksum (``verify_uploaded``);
+2. verifies each object's size and stored checksum (``transfer.verify_uploaded``);
 3. writes its part record ``.../r<rank>/MANIFEST.json`` create-only (``Committer.write_part``);
 4. when the parts of all ranks of its epoch are there, adds the step to ``manifest.json`` by
    compare-and-swap (``Committer.try_commit``: If-Match, or If-None-Match for the first write;
@@ -19,9 +19,11 @@ each checkpoint, the sidecar of each rank:
    after the manifest no longer names it.
 
 ``detect_capabilities`` probes the endpoint with tiny objects first: which checksum it accepts
-and checks, and whether it honours If-None-Match. Without conditional writes, step 3 is written
-plainly and the writes of step 4 and of the fence are read back (docs/checkpoints.md says what
-then holds: no committed object is ever overwritten, keys being per epoch).
+and checks, whether it honours If-None-Match and, where it does, If-Match. Without conditional
+writes, step 3 is written plainly and the writes of step 4 and of the fence are read back
+(docs/checkpoints.md says what then holds: no committed object is ever overwritten, keys being
+per epoch). An endpoint that honours If-None-Match but ignores If-Match would let a commit
+overwrite a newer fence unseen: the sidecar refuses to commit there (``trainingrun.sync``).
 """
 
 from __future__ import annotations
@@ -31,21 +33,17 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from trainingrun import checksum, protocol
 from trainingrun.checksum import Algorithm
 from trainingrun.committed import read_part, read_run_manifest
 from trainingrun.contract import now_rfc3339_micro
-from trainingrun.local import LocalCheckpoint
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     CHECKPOINTS_DIR,
     RUN_MANIFEST,
     CheckpointManifest,
-    FileEntry,
     ManifestEntry,
     ManifestError,
     RunManifest,
@@ -56,7 +54,6 @@ from trainingrun.manifest import (
     part_prefix,
     slowest,
 )
-from trainingrun.packs import Pack
 from trainingrun.storage import (
     ChecksumMismatch,
     Location,
@@ -66,7 +63,6 @@ from trainingrun.storage import (
     StorageUnavailable,
     Store,
 )
-from trainingrun.transfer import FileChanged, VerificationFailed
 
 # The sidecar's logger: this runs inside it, and its log names the process, not the module.
 log = logging.getLogger("trainingrun.sync")
@@ -82,19 +78,24 @@ CAS_ATTEMPTS = 20
 class Capabilities:
     algorithm: Algorithm
     verifies_checksums: bool
-    conditional_writes: bool
+    conditional_writes: bool  # If-None-Match honoured
+    if_match: bool = True  # If-Match honoured (probed only where If-None-Match is)
 
     def describe(self) -> str:
+        writes = "no"
+        if self.conditional_writes:
+            writes = "yes" if self.if_match else "If-None-Match only, If-Match ignored"
         return (
             f"checksum {self.algorithm.name} "
             f"({'checked' if self.verifies_checksums else 'NOT checked'} by the endpoint), "
-            f"conditional writes {'yes' if self.conditional_writes else 'no'}"
+            f"conditional writes {writes}"
         )
 
 
 def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Capabilities:
     """Probes the endpoint with a few tiny objects under the run's prefix: which checksum it
-    accepts and checks, and whether it honours If-None-Match. The probe objects are removed."""
+    accepts and checks, whether it honours If-None-Match and, where it does, If-Match (a write
+    on ``PROBE_ETAG``, as the operator's fence probes). The probe objects are removed."""
     probe = run.key(".trainingrun-probe", uuid.uuid4().hex)
     names = checksum.PREFERENCE if wanted == "auto" else (checksum.algorithm(wanted).name,)
     data, verifies = b"trainingrun capability probe", False
@@ -128,60 +129,23 @@ def detect_capabilities(store: Store, run: Location, wanted: str = "auto") -> Ca
             conditional = True
         except StorageRejected:
             conditional = False
+        if_match = conditional
+        if conditional:  # a 412 on an ETag no object has; written, or refused: not usable
+            try:
+                store.put(cond_key, b"3", if_match=PROBE_ETAG)
+                if_match = False
+            except PreconditionFailed:
+                pass
+            except StorageRejected:
+                if_match = False
     finally:
         with contextlib.suppress(StorageError):
             store.delete([probe, probe + "-cond"])
-    return Capabilities(chosen, verifies, conditional)
+    return Capabilities(chosen, verifies, conditional, if_match)
 
 
 # ---------------------------------------------------------------------------------------------
 # Verifying and committing
-
-
-def verify_uploaded(
-    store: Store,
-    ckpt: LocalCheckpoint,
-    prefix: str,
-    algo: Algorithm,
-    sums: dict[str, str],
-    workers: int = 16,
-    packs: Sequence[Pack] = (),
-) -> list[FileEntry]:
-    """The MANIFEST.json entries of an uploaded checkpoint, once every object is there with the
-    size we read and, where the endpoint stores it, our checksum; a packed file's object is its
-    pack. A file whose size changed since the scan is still being written (FileChanged); a wrong
-    object is VerificationFailed. The objects are looked at by ``workers`` at once: one at a
-    time, the 1,000 files of an adapter checkpoint took longer to verify than to upload."""
-    packed = {m.path: (p.name, m.offset) for p in packs for m in p.members}
-
-    def check(key: str, size: int) -> None:
-        head = store.head(key, algo)
-        if head is None or head[0] != size:
-            raise VerificationFailed(f"{key}: expected {size} bytes, found {head and head[0]}")
-        if head[1] is not None and head[1] != sums[key]:
-            raise VerificationFailed(f"{key}: stored checksum {head[1]} != ours {sums[key]}")
-
-    def entry(file: tuple[str, int]) -> FileEntry:
-        rel, size = file
-        if (ckpt.path / rel).stat().st_size != size:
-            raise FileChanged(f"{ckpt.path / rel} changed size during the upload")
-        pack, offset = packed.get(rel, (None, 0))
-        if pack is None:
-            check(f"{prefix}/{rel}", size)
-        checksum = sums[f"{prefix}/{rel}"]
-        return FileEntry(
-            path=rel,
-            size=size,
-            checksum_algorithm=algo.name,
-            checksum=checksum,
-            pack=pack,
-            offset=offset,
-        )
-
-    jobs = len(ckpt.files) + len(packs)
-    with ThreadPoolExecutor(max(1, min(workers, jobs)), thread_name_prefix="verify") as pool:
-        list(pool.map(lambda p: check(f"{prefix}/{p.name}", p.size), packs))
-        return list(pool.map(entry, ckpt.files))
 
 
 def _backoff(attempt: int) -> None:

@@ -16,6 +16,8 @@ newest complete checkpoint within ``TRAININGRUN_DRAIN_SECONDS``, aborts what it 
 finish, and exits 0; also when SIGTERM comes during its start-up (``trainingrun.stopsignal``).
 After ``access_denied_seconds`` of nothing but access denied (credentials rotated or revoked) it
 exits 1 with a termination message, so that the kubelet restarts it with the Secret read again.
+On an endpoint that honours If-None-Match but ignores If-Match it commits nothing and exits 1
+with a termination message (``syncsupport.check_conditions``).
 A preemption notice in the pod's annotations (downward API file) becomes a "save now" request to
 the trainer integration. Faults (endpoint down, a file that changed) are
 retried with jittered backoff; nothing unverified is ever committed. The sidecar's Prometheus
@@ -38,7 +40,6 @@ from trainingrun.commit import (
     Outcome,
     detect_capabilities,
     take_fence,
-    verify_uploaded,
 )
 from trainingrun.contract import EXIT_ERROR, format_bytes, now_rfc3339_micro
 from trainingrun.local import LocalCheckpoint, survey
@@ -57,10 +58,12 @@ from trainingrun.storage import StorageError, Store
 from trainingrun.syncsupport import (
     PERMANENT,
     AccessDeniedWatch,
+    IfMatchIgnored,
     LayoutReport,
     Metrics,
     NoticeRelay,
     SyncSettings,
+    check_conditions,
     describe,
     layout_of,
     log_uploaded,
@@ -75,6 +78,7 @@ from trainingrun.transfer import (
     Progress,
     Transfer,
     VerificationFailed,
+    verify_uploaded,
 )
 
 log = logging.getLogger("trainingrun.sync")
@@ -111,15 +115,10 @@ class Sync:
         self.wake.set()
 
     def start(self) -> None:
-        self.caps = detect_capabilities(self.store, self.s.run, self.s.checksum)
-        log.info("endpoint: %s", self.caps.describe())
-        protect_bodies(self.store, self.caps.verifies_checksums)
-        if not self.caps.conditional_writes:
-            log.warning(
-                "the endpoint ignores If-None-Match/If-Match: commits fall back to write-then-"
-                "read-back; two writers racing between the write and the read can both win, and "
-                "a fence taken meanwhile can be lost (docs/checkpoints.md, guarantees)"
-            )
+        caps = self.caps = detect_capabilities(self.store, self.s.run, self.s.checksum)
+        log.info("endpoint: %s", caps.describe())
+        check_conditions(caps.conditional_writes, caps.if_match, self.s.termination_log)
+        protect_bodies(self.store, caps.verifies_checksums)
         epoch = self.s.epoch if self.s.epoch is not None else take_own_fence(self.store, self.s)
         self.committer = Committer(
             self.store, self.s.run, self.caps, self.s.keep, epoch, self.s.rank, self.s.ranks
@@ -181,6 +180,9 @@ class Sync:
             except (Fenced, StaleAttempt) as e:  # from start()
                 self.on_fenced(e)
                 self.stopping.wait()  # nothing more to do here until the pod stops
+            except IfMatchIgnored:  # from start(): said; the kubelet restarts it, probing again
+                self.transfer.close()
+                return EXIT_ERROR
             except Cancelled:
                 break
         return self.drain(started)
@@ -213,7 +215,7 @@ class Sync:
                 except (Fenced, StaleAttempt) as e:  # from start()
                     self.on_fenced(e)
                     break
-                except Cancelled:
+                except (Cancelled, IfMatchIgnored):
                     break
                 except (StorageError, ManifestError, FileChanged, VerificationFailed, OSError) as e:
                     report_failure(e, self.metrics)

@@ -29,6 +29,17 @@ from trainingrun.transfer import TransferSettings
 
 log = logging.getLogger("trainingrun.sync")
 
+# How the termination message starts when the sidecar refuses an endpoint that honours
+# If-None-Match and ignores If-Match (``check_conditions``). It shares its first words with
+# ``ACCESS_DENIED_MESSAGE``: checkpoints are not committed.
+IF_MATCH_IGNORED_MESSAGE = "checkpoints are not being committed: the endpoint ignores If-Match"
+
+
+class IfMatchIgnored(Exception):
+    """The endpoint honours If-None-Match but ignores If-Match: a commit's compare-and-swap
+    would not see a fence the operator took meanwhile, and would set it back."""
+
+
 # Failures that retrying does not fix; the loop still retries them slowly (someone may fix the
 # bucket or the Secret), but a drain does not wait for them.
 PERMANENT = (StorageAccessDenied, NotFound, StorageRejected, ManifestError)
@@ -334,3 +345,28 @@ def protect_bodies(store: Store, checked: bool) -> None:
         "the endpoint does not check checksums: each upload's signature covers its body "
         "instead (a SHA-256 of every byte sent)"
     )
+
+
+def check_conditions(if_none_match: bool, if_match: bool, termination_log: Path | None) -> None:
+    """What the probe found of the endpoint's conditional writes (``commit.Capabilities``):
+    none honoured, a warning: the commits write and read back, the documented fallback. If-None-
+    Match honoured but not If-Match: the commits would trust a compare-and-swap that is not one,
+    so IfMatchIgnored, said in the log and the termination message."""
+    if not if_none_match:
+        log.warning(
+            "the endpoint ignores If-None-Match/If-Match: commits fall back to write-then-"
+            "read-back; two writers racing between the write and the read can both win, and "
+            "a fence taken meanwhile can be lost (docs/checkpoints.md, guarantees)"
+        )
+        return
+    if if_match:
+        return
+    message = (
+        f"{IF_MATCH_IGNORED_MESSAGE} (it honours If-None-Match), so a commit could replace the "
+        "fence of a newer attempt unseen; this sidecar commits nothing and exits. Use an "
+        "endpoint that honours If-Match on uploads "
+        "(docs/storage.md#conditional-writes-and-the-manifest)"
+    )
+    log.error("%s", message)
+    local.write_termination_message(termination_log, message)
+    raise IfMatchIgnored(message)
