@@ -14,12 +14,17 @@ STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256s
 	layers verify test test-unit test-integration chaos bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
 	lightning-env composer-env mindformers-env
 .PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
+.PHONY: node-packages node-tools
 
 CHART := charts/trainingrun
 # Images and the kind cluster of the kind-* targets (users with Docker and kind).
 IMAGE_TAG ?= dev
 OPERATOR_IMAGE ?= ghcr.io/trainingrun/operator
 AGENT_IMAGE ?= ghcr.io/trainingrun/agent
+# The example trainer (examples/Dockerfile: examples/finetune.py with torch and transformers).
+FINETUNE_IMAGE ?= ghcr.io/trainingrun/finetune-example
+# What `make images` builds: any of operator, agent, finetune.
+IMAGES ?= operator agent finetune
 KIND ?= kind
 KIND_CLUSTER ?= trainingrun
 KUBECTL ?= kubectl
@@ -120,12 +125,19 @@ chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart'
 chart-readme: venv ## Regenerate the chart's README.md from the '# --' comments of its values.yaml
 	$(BIN)/python -m tests.chart.readme --write
 
-hadolint: venv ## Lint the Dockerfiles of the operator and agent images
-	$(BIN)/hadolint images/operator/Dockerfile images/agent/Dockerfile
+hadolint: venv ## Lint the Dockerfiles of the operator, agent and example trainer images
+	$(BIN)/hadolint images/operator/Dockerfile images/agent/Dockerfile examples/Dockerfile
 
-images: ## Build the operator and agent images with Docker (IMAGE_TAG=dev)
-	docker build -f images/operator/Dockerfile -t $(OPERATOR_IMAGE):$(IMAGE_TAG) .
-	docker build -f images/agent/Dockerfile -t $(AGENT_IMAGE):$(IMAGE_TAG) .
+images: ## Build the operator, agent and example trainer images: Docker where it runs, else buildah (IMAGE_TAG=dev)
+	OPERATOR_IMAGE=$(OPERATOR_IMAGE) AGENT_IMAGE=$(AGENT_IMAGE) FINETUNE_IMAGE=$(FINETUNE_IMAGE) \
+		IMAGE_TAG=$(IMAGE_TAG) bash hack/build-images.sh $(IMAGES)
+
+node-packages: ## Install buildah, mmdebstrap, containerd, runc, the CNI plugins and iptables (Debian packages)
+	bash hack/install-node-packages.sh
+
+node-tools: node-packages ## Build a real node's kubelet, kube-proxy, CoreDNS and pause image (cached under ~/.cache/trainingrun)
+	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the node"; exit 1; }
+	bash hack/build-node.sh
 
 kind-up: ## Create a kind cluster (KIND_CLUSTER=trainingrun), or reuse it
 	@$(KIND) get clusters 2>/dev/null | grep -qx '$(KIND_CLUSTER)' || \

@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# Builds the project's images from their Dockerfiles, with Docker where its engine answers, else
+# with buildah (Debian's package, installed when missing), which needs neither a daemon nor a
+# registry:
+#   bash hack/build-images.sh [operator] [agent] [finetune]     # default: all three
+# Names and tag: OPERATOR_IMAGE, AGENT_IMAGE, FINETUNE_IMAGE, IMAGE_TAG (dev); IMAGE_BUILDER=docker
+# or buildah picks one. With buildah the Python base (PYTHON_IMAGE) is made locally from Debian's
+# packages by hack/python-base.sh unless PYTHON_IMAGE is set, so images/*/Dockerfile and
+# examples/Dockerfile stay the one recipe. RUN steps use the host's network (pip reaches PyPI)
+# and buildah's layer cache, so a warm build with unchanged inputs takes seconds.
+# Prints one line per image: NAME:TAG, its size and build time.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+tag=${IMAGE_TAG:-dev}
+declare -A recipe=(
+  [operator]=images/operator/Dockerfile
+  [agent]=images/agent/Dockerfile
+  [finetune]=examples/Dockerfile
+)
+declare -A name=(
+  [operator]=${OPERATOR_IMAGE:-ghcr.io/trainingrun/operator}
+  [agent]=${AGENT_IMAGE:-ghcr.io/trainingrun/agent}
+  [finetune]=${FINETUNE_IMAGE:-ghcr.io/trainingrun/finetune-example}
+)
+[ $# -gt 0 ] || set -- operator agent finetune
+for image in "$@"; do
+  [ -n "${recipe[$image]:-}" ] || { echo "no such image: $image (operator, agent, finetune)" >&2; exit 2; }
+done
+
+builder=${IMAGE_BUILDER:-}
+if [ -z "$builder" ]; then
+  if command -v docker >/dev/null && docker info >/dev/null 2>&1; then
+    builder=docker
+  else
+    builder=buildah
+  fi
+fi
+if [ "$builder" = buildah ]; then
+  bash "$here/install-node-packages.sh" images   # buildah and mmdebstrap, when missing
+fi
+
+args=()
+if [ "$builder" = buildah ]; then
+  base=${PYTHON_IMAGE:-$(bash "$here/python-base.sh")}
+  # --layers: reuse each step whose inputs are unchanged; --network host: pip reaches PyPI with
+  # no CNI network of buildah's own (no bridge, no iptables rules left behind).
+  args=(bud --layers --network host --build-arg "PYTHON_IMAGE=$base")
+  # Where the host's pip trusts a CA bundle of its own (PIP_CERT or pip.conf's cert: a proxy that
+  # inspects TLS), the build's pip needs it too: Debian's pip reads the system bundle, so the
+  # host's is bind-mounted over it for the RUN steps only (a mount is never part of a layer).
+  cert=${PIP_CERT:-$(python3 -m pip config get global.cert 2>/dev/null || true)}
+  if [ -n "$cert" ] && [ -f "$cert" ]; then
+    args+=(--volume "$cert:/etc/ssl/certs/ca-certificates.crt:ro")
+  fi
+else
+  args=(build)
+  [ -n "${PYTHON_IMAGE:-}" ] && args+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
+fi
+
+cd "$root"
+for image in "$@"; do
+  ref="${name[$image]}:$tag"
+  start=$(date +%s)
+  echo "building $ref from ${recipe[$image]} with $builder" >&2
+  "$builder" "${args[@]}" -f "${recipe[$image]}" -t "$ref" . >&2
+  if [ "$builder" = buildah ]; then
+    size=$(buildah images --noheading --format '{{.Size}}' "$ref")
+  else
+    size=$(docker image inspect --format '{{.Size}}' "$ref")
+  fi
+  echo "$ref size=$size built_in=$(( $(date +%s) - start ))s"
+done
