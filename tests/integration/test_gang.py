@@ -51,7 +51,7 @@ def test_one_failed_member_ends_the_attempt_and_four_new_pods_follow(
     assert (env["PET_NNODES"], env["PET_NODE_RANK"], env["PET_MASTER_ADDR"]) == (
         "4",
         "2",
-        "g4-1-0.g4",
+        f"g4-1-0.g4.{runs.namespace}.svc.cluster.local",
     )
     wide = localenv.kubectl("get", "trainingruns", "g4", "-n", runs.namespace, "-o", "wide")
     header, row = wide.strip().splitlines()[:2]

@@ -7,8 +7,9 @@ Covers:
   ``TRAININGRUN_SIZE_LIMIT``; without it, neither;
 - both agents run with ``seccompProfile: RuntimeDefault``; their user mirrors the trainer's: a
   non-zero ``runAsUser`` of the trainer container (else of the pod) becomes theirs, with its
-  ``runAsGroup`` and ``runAsNonRoot: true``; a uid of 0, or none, sets nothing about the user,
-  except the pod's own ``runAsNonRoot: true``; the template is left as it was;
+  ``runAsGroup`` and ``runAsNonRoot: true``; a root trainer container, or no uid, sets nothing
+  about the user, except the pod's own ``runAsNonRoot: true``; a pod-level ``runAsUser: 0``
+  gives the agents their own 65532:65532, never root; the template is left as it was;
 - the metrics bind address from ``AgentSettings.metrics``: loopback (127.0.0.1), the pod's IP by
   the downward API, or off (port 0); the agents' own default without the variable is loopback.
 """
@@ -126,7 +127,12 @@ USER_KEYS = ("runAsUser", "runAsGroup", "runAsNonRoot")
             {},
             id="a-root-trainer-in-a-non-root-pod-sets-nothing",
         ),
-        pytest.param({"runAsUser": 0}, None, {}, id="a-root-pod-sets-nothing"),
+        pytest.param(
+            {"runAsUser": 0},
+            None,
+            {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True},
+            id="a-root-pod-gives-the-agents-their-own-non-root-user",
+        ),
         pytest.param(None, None, {}, id="no-security-context-sets-nothing"),
         pytest.param(
             {"fsGroup": 1000}, {"readOnlyRootFilesystem": True}, {}, id="no-uid-sets-nothing"

@@ -69,7 +69,7 @@ def test_a_gang_pod_has_its_rank_dns_name_and_torchrun_environment(rank: int) ->
     assert {k: trainer[k] for k in ("PET_NNODES", "PET_NODE_RANK", "PET_MASTER_ADDR")} == {
         "PET_NNODES": "3",
         "PET_NODE_RANK": str(rank),
-        "PET_MASTER_ADDR": "r1-4-0.r1",
+        "PET_MASTER_ADDR": "r1-4-0.r1.ml.svc.cluster.local",
     }
     assert trainer["PET_MASTER_PORT"] == "23456"
     assert (trainer[c.ENV_RANK], trainer[c.ENV_REPLICAS]) == (str(rank), "3")
