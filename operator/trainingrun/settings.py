@@ -19,6 +19,10 @@ the first event. The chart sets these variables from its values (charts/training
   (its pod IP, to be scraped) or off.
 - TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS (300): how long the sync sidecar goes on through
   nothing but access denied before it exits for the kubelet to restart it with fresh keys.
+- TRAININGRUN_CLUSTER_DOMAIN (cluster.local): the cluster's DNS domain (the kubelet's
+  ``--cluster-domain``); a gang's master address is rank 0's fully qualified name in it.
+- TRAININGRUN_SECRET_WAIT_SECONDS (600): how long an attempt's start waits for a missing
+  credentials Secret before the run fails with MissingSecret.
 - TRAININGRUN_ALLOWED_ENDPOINTS (none: any): the storage endpoints runs may name, comma-separated
   URLs (scheme, host and optional port); "aws", "gcs" and "azure" allow AWS S3, Google Cloud
   Storage and Azure Blob Storage themselves (no endpoint). Set, any other endpoint fails the run
@@ -49,6 +53,11 @@ RESOURCE_SECTIONS = ("requests", "limits")
 QUANTITY = re.compile(
     r"[+-]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+|[numkMGTPE]|[KMGTPE]i)?"
 )
+
+
+# A DNS domain of lowercase labels, such as cluster.local (RFC 1123 labels, 253 characters).
+_LABEL = r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?"
+DNS_DOMAIN = re.compile(rf"(?=.{{1,253}}$){_LABEL}(\.{_LABEL})*")
 
 
 class ConfigurationError(ValueError):
@@ -90,34 +99,7 @@ class OperatorSettings:
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> OperatorSettings:
         env = os.environ if env is None else env
-        policy = env.get("TRAININGRUN_AGENT_PULL_POLICY") or AgentSettings.image_pull_policy
-        if policy not in PULL_POLICIES:
-            allowed = ", ".join(PULL_POLICIES)
-            raise ConfigurationError(
-                f"TRAININGRUN_AGENT_PULL_POLICY={policy!r} must be one of {allowed}"
-            )
-        metrics = env.get("TRAININGRUN_AGENT_METRICS") or AgentSettings.metrics
-        if metrics not in METRICS_MODES:
-            raise ConfigurationError(
-                f"TRAININGRUN_AGENT_METRICS={metrics!r} must be one of {', '.join(METRICS_MODES)}"
-            )
-        agent = AgentSettings(
-            image=env.get("TRAININGRUN_AGENT_IMAGE") or AgentSettings.image,
-            image_pull_policy=policy,
-            metrics=metrics,
-            access_denied_seconds=int(
-                _number(
-                    env,
-                    "TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS",
-                    AgentSettings.access_denied_seconds,
-                    minimum=1,
-                    whole=True,
-                )
-            ),
-        )
-        resources = _resources(env, "TRAININGRUN_AGENT_RESOURCES")
-        if resources is not None:
-            agent = dataclasses.replace(agent, resources=resources)
+        agent = _agent_settings(env)
         taints = env.get("TRAININGRUN_NOTICE_TAINTS", "")
         endpoints = _list(env, "TRAININGRUN_ALLOWED_ENDPOINTS")
         uris = _list(env, "TRAININGRUN_ALLOWED_URIS")
@@ -199,3 +181,43 @@ def _resources(env: Mapping[str, str], name: str) -> dict[str, Any] | None:
                 )
             resources[section][resource] = text
     return resources
+
+
+def _agent_settings(env: Mapping[str, str]) -> AgentSettings:
+    """The injected containers' settings (TRAININGRUN_AGENT_*, TRAININGRUN_CLUSTER_DOMAIN)."""
+    policy = env.get("TRAININGRUN_AGENT_PULL_POLICY") or AgentSettings.image_pull_policy
+    if policy not in PULL_POLICIES:
+        allowed = ", ".join(PULL_POLICIES)
+        raise ConfigurationError(
+            f"TRAININGRUN_AGENT_PULL_POLICY={policy!r} must be one of {allowed}"
+        )
+    metrics = env.get("TRAININGRUN_AGENT_METRICS") or AgentSettings.metrics
+    if metrics not in METRICS_MODES:
+        raise ConfigurationError(
+            f"TRAININGRUN_AGENT_METRICS={metrics!r} must be one of {', '.join(METRICS_MODES)}"
+        )
+    domain = (env.get("TRAININGRUN_CLUSTER_DOMAIN") or AgentSettings.cluster_domain).lower()
+    if not DNS_DOMAIN.fullmatch(domain):
+        raise ConfigurationError(
+            f"TRAININGRUN_CLUSTER_DOMAIN={domain!r} is not a DNS domain: give the "
+            "kubelet's --cluster-domain, such as cluster.local"
+        )
+    agent = AgentSettings(
+        image=env.get("TRAININGRUN_AGENT_IMAGE") or AgentSettings.image,
+        cluster_domain=domain,
+        image_pull_policy=policy,
+        metrics=metrics,
+        access_denied_seconds=int(
+            _number(
+                env,
+                "TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS",
+                AgentSettings.access_denied_seconds,
+                minimum=1,
+                whole=True,
+            )
+        ),
+    )
+    resources = _resources(env, "TRAININGRUN_AGENT_RESOURCES")
+    if resources is not None:
+        agent = dataclasses.replace(agent, resources=resources)
+    return agent

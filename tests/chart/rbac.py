@@ -35,6 +35,7 @@ APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
         ("", "events", "create"),  # Kube.event
         (KUEUE, "workloads", "get"),  # Kube.get_object (trainingrun.queues)
         (KUEUE, "workloads", "create"),  # Kube.create_object (a queued run's Workload)
+        (KUEUE, "workloads", "delete"),  # Kube.delete_object (a Workload of an older template)
         (KUEUE, "workloads/status", "update"),  # Kube.replace_object_status
     }
 )

@@ -33,6 +33,7 @@ def test_every_variable_is_read() -> None:
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "2.5",
             "TRAININGRUN_NOTICE_TAINTS": " example.com/reclaim, ,other/notice ",
             "TRAININGRUN_WORKERS": "3",
+            "TRAININGRUN_CLUSTER_DOMAIN": "Corp.Example",
             "TRAININGRUN_AGENT_RESOURCES": '{"requests": {"cpu": "250m", "memory": 256}, '
             '"limits": {"memory": "1Gi"}}',
         }
@@ -44,6 +45,7 @@ def test_every_variable_is_read() -> None:
     }
     assert (s.resync_seconds, s.checkpoint_refresh_seconds, s.workers) == (30.0, 2.5, 3)
     assert s.resync_rate == 7.5
+    assert s.agent.cluster_domain == "corp.example"
     assert s.extra_notice_taints == ("example.com/reclaim", "other/notice")
     assert s.notice_taints[-2:] == ("example.com/reclaim", "other/notice")
 
@@ -60,6 +62,8 @@ def test_every_variable_is_read() -> None:
         ("TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", "inf", "finite"),
         ("TRAININGRUN_WORKERS", "0", ">= 1"),
         ("TRAININGRUN_WORKERS", "2.5", "whole number"),
+        ("TRAININGRUN_CLUSTER_DOMAIN", "cluster.local.", "not a DNS domain"),
+        ("TRAININGRUN_CLUSTER_DOMAIN", "svc cluster", "not a DNS domain"),
         ("TRAININGRUN_AGENT_PULL_POLICY", "Sometimes", "Always, IfNotPresent, Never"),
         ("TRAININGRUN_AGENT_RESOURCES", "limits: {memory: 1Gi}", "is not JSON"),
         ("TRAININGRUN_AGENT_RESOURCES", '["100m"]', "only requests and limits"),
