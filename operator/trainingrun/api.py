@@ -14,6 +14,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from trainingrun.apistorage import ApiModel
 from trainingrun.apistorage import StorageSpec as StorageSpec  # noqa: PLC0414 (re-exported)
+from trainingrun.contract import MAX_REPLICAS
 from trainingrun.layouts import Pattern
 
 GROUP = "trainingrun.dev"
@@ -253,7 +254,7 @@ class TrainingRunSpec(_Model):
     replicas: int = Field(
         default=1,
         ge=1,
-        le=1024,
+        le=MAX_REPLICAS,
         description=(
             "Pods of one attempt, one per node, each from the same template: a gang that is "
             "started, ended and resumed as one. Above 1, pods are named <run>-<attempt>-<rank>, "

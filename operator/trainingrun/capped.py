@@ -14,6 +14,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from trainingrun.contract import MAX_REPLICAS
+
 RUN_MANIFEST = "manifest.json"
 
 # Caps on what a reader takes. The sidecar writes about half a KiB per kept checkpoint to
@@ -23,10 +25,8 @@ CHECKPOINT_MANIFEST_MAX_BYTES = 8 << 20
 MAX_ENTRIES = 1000  # checkpoints in manifest.json: spec.checkpoint.keep is at most 1000
 MAX_FILES = 10_000  # files in one rank's part of a checkpoint
 MAX_NAME_BYTES = 255  # a file's path in a checkpoint, UTF-8
-# Ranks of a checkpoint: the most spec.replicas allows (api.py and this package's lower layers
-# may not import each other: tests/unit/test_bounds_reads_ranks.py holds the two equal). A
-# reader builds one key per rank.
-MAX_RANKS = 1024
+# Ranks of a checkpoint: the most spec.replicas allows. A reader builds one key per rank.
+MAX_RANKS = MAX_REPLICAS
 # What the parts of one checkpoint may hold together: the files and part records of two full
 # parts. A parsed file takes ~1.4 KiB of memory and a few microseconds of CPU, so a reader holds
 # at most ~28 MiB of them, and reads at most 16 MiB of records, however many ranks it names.

@@ -23,6 +23,10 @@ PODINFO_VOLUME = "trainingrun-podinfo"
 PODINFO_DIR = "/etc/trainingrun/podinfo"
 PODINFO_ANNOTATIONS = "annotations"
 
+# The most pods one attempt may have (spec.replicas), and so the most ranks, each a part of a
+# checkpoint, that a reader of the bucket manifest accepts.
+MAX_REPLICAS = 1024
+
 # -- labels and annotations -------------------------------------------------------------------
 
 # The operator's own key prefix (and its subdomains): the signals it reads back from a pod. The

@@ -38,8 +38,13 @@ class Operator:
         self.metrics = OperatorMetrics(REGISTRY)
         kube.rest.on_call = self.metrics.count_api_call
         self.events = EventPoster(kube, self.metrics)
+        # One namespace's custom endpoints hold at most half the workers: the others' runs are
+        # served whatever that namespace's endpoints do.
         stores = RunStores(
-            kube, settings.secret_ttl_seconds, on_call=self.metrics.count_bucket_call
+            kube,
+            settings.secret_ttl_seconds,
+            on_call=self.metrics.count_bucket_call,
+            max_per_namespace=max(1, settings.workers // 2),
         )
         self.reconciler = Reconciler(kube, stores, self.events, self.metrics, settings)
         self.metrics.count_runs_with(self.reconciler.view.phases)
