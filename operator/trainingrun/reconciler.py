@@ -54,7 +54,7 @@ from trainingrun.queues import ObjectApi, Queues, Seen
 from trainingrun.settings import OperatorSettings
 from trainingrun.starter import Starter
 from trainingrun.statuswriter import StatusApi, StatusWriter, storage_refused
-from trainingrun.storage import StorageError, StorageMisconfigured
+from trainingrun.storage import StorageError, StorageMisconfigured, log_text
 from trainingrun.stores import Checkpoints, MissingSecret, RunStores
 
 log = logging.getLogger("trainingrun.operator")
@@ -277,7 +277,8 @@ class Reconciler:
             log.warning("%s/%s: cannot read the bucket manifest: %s", ref.namespace, ref.name, e)
             return Checkpoints()
         except (StorageError, ManifestError) as e:
-            log.warning("%s/%s: cannot read the bucket manifest: %s", ref.namespace, ref.name, e)
+            why = log_text(e)
+            log.warning("%s/%s: cannot read the bucket manifest: %s", ref.namespace, ref.name, why)
             return Checkpoints()
         mem.checkpoint_read_at = self._monotonic()
         return seen

@@ -72,7 +72,7 @@ from trainingrun.manifest import (
     safe_relative_path,
 )
 from trainingrun.packs import Target
-from trainingrun.storage import Location, NotFound, StorageError, Store
+from trainingrun.storage import Location, NotFound, StorageError, Store, log_text
 from trainingrun.transfer import Progress, TransferSettings, VerificationFailed
 
 log = logging.getLogger("trainingrun.restore")
@@ -413,7 +413,7 @@ def stop_on_sigterm(checkpoint_dir: Path) -> Callable[[int, FrameType | None], N
 
 
 def _restore(store: Store, s: RestoreSettings, metrics: Metrics) -> tuple[int, str]:
-    unexpected = False
+    unexpected, logged = False, ""
     try:
         resume = restore(store, s, metrics)
         return EXIT_OK, f"{checkpoint_dirname(s.step)} restored and verified at {resume}"
@@ -427,10 +427,13 @@ def _restore(store: Store, s: RestoreSettings, metrics: Metrics) -> tuple[int, s
         message = f"{NODE_DISK_FULL_MESSAGE}: {e}"
     except StorageError as e:
         reason, message, code = type(e).__name__, f"restore failed: {e}", EXIT_ERROR
+        # The pod's log also has what the endpoint said (escaped); the termination message,
+        # which the operator reads, has the product's words only.
+        logged = f"restore failed: {log_text(e)}"
     except Exception as e:  # the folder refusing (EACCES), a bug: named, never a bare exit 1
         reason, code, unexpected = type(e).__name__, EXIT_ERROR, True
         message = f"restore failed: {type(e).__name__}: {e}"
     metrics.failures.labels(reason).inc()
-    log.error("%s", message, exc_info=unexpected)
+    log.error("%s", logged or message, exc_info=unexpected)
     local.write_termination_message(s.termination_log, message)
     return code, message

@@ -20,14 +20,14 @@ from trainingrun.committed import Choice
 from trainingrun.decide import reasons as R
 from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, gang_name_problem, resume_of
 from trainingrun.decide.reconcile import Observed, Plan, started
-from trainingrun.decide.waits import Wait, secret_wait, wait, wait_over
+from trainingrun.decide.waits import MIN_RETRY_SECONDS, Wait, secret_wait, wait, wait_over
 from trainingrun.events import EventSink
 from trainingrun.launcher import Launcher
 from trainingrun.manifest import Layout, ManifestError, RunManifest
 from trainingrun.protocol import StaleAttempt
 from trainingrun.settings import OperatorSettings
 from trainingrun.statuswriter import StatusWriter
-from trainingrun.storage import StorageError, StorageMisconfigured
+from trainingrun.storage import StorageError, StorageMisconfigured, log_text
 from trainingrun.stores import MissingSecret, RunStores, public_message
 
 log = logging.getLogger("trainingrun.operator")
@@ -125,7 +125,9 @@ class Starter:
         if choice.entry is not None or not choice.untried:
             return status, None
         held = wait(status, obs.generation, R.CHECKPOINT_SKIPPED, message, obs.now)
-        return status, replace(held, event=None)  # said above
+        # Each try reads at most START_TRIES checkpoints, so the next comes soon, whatever the
+        # wait so far: a run with many broken checkpoints starts within minutes, not hours.
+        return status, replace(held, event=None, retry_after=MIN_RETRY_SECONDS)  # said above
 
     def _fence(
         self,
@@ -157,8 +159,9 @@ class Starter:
             first()
             # Without the manifest the newest checkpoint is unknown; starting fresh would lose
             # work, and without the fence an old attempt could still commit: wait for the bucket.
+            why = log_text(e)
             log.warning(
-                "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, e
+                "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, why
             )
             why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
             said = public_message(e, ref.spec.checkpoint.storage)

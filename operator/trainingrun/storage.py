@@ -33,6 +33,7 @@ from trainingrun.storebase import (
     StorageUnavailable,
     Store,
     TooLarge,
+    log_text,
 )
 
 __all__ = [
@@ -57,6 +58,7 @@ __all__ = [
     "StorageUnavailable",
     "Store",
     "TooLarge",
+    "log_text",
     "make_client",
     "open_location",
     "open_store",

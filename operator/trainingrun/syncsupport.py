@@ -24,7 +24,14 @@ from trainingrun.contract import ANNOTATION_NOTICE, format_bytes
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
 from trainingrun.local import LocalCheckpoint, Survey
 from trainingrun.manifest import Layout, ManifestError
-from trainingrun.storage import Location, NotFound, StorageAccessDenied, StorageRejected, Store
+from trainingrun.storage import (
+    Location,
+    NotFound,
+    StorageAccessDenied,
+    StorageRejected,
+    Store,
+    log_text,
+)
 from trainingrun.transfer import TransferSettings
 
 log = logging.getLogger("trainingrun.sync")
@@ -304,7 +311,7 @@ def report_failure(e: BaseException, metrics: Metrics) -> None:
     reason = type(e).__name__
     metrics.failures.labels(reason).inc()
     hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
-    log.error("sync: %s: %s%s; retrying", reason, e, hint)
+    log.error("sync: %s: %s%s; retrying", reason, log_text(e), hint)
 
 
 def log_uploaded(

@@ -28,6 +28,7 @@ from tests.unit.fakes import Clock, FakeBucket, FakeKube
 from trainingrun import manifest
 from trainingrun.decide import reasons as R
 from trainingrun.decide.pod import run_prefix
+from trainingrun.decide.waits import MIN_RETRY_SECONDS
 from trainingrun.manifest import (
     CHECKPOINT_MANIFEST,
     MAX_FILES,
@@ -166,6 +167,24 @@ def test_the_tries_go_on_until_the_intact_one_is_found() -> None:
     assert s.kube.creates == ["r1-1"]
     assert s.status()["resumeStep"] == 1
     assert sorted(s.status()["badCheckpoints"]) == list(range(2, 9))
+
+
+def test_the_next_try_comes_soon_however_long_the_tries_have_gone_on() -> None:
+    s = Start()
+    s.commit_broken(range(1, 301))  # 100 tries of 3
+
+    retries = []
+    for _ in range(100):
+        retry = s.reconcile()
+        if s.kube.creates:
+            break
+        assert retry is not None
+        retries.append(retry)
+        s.clock.advance(retry)
+
+    assert s.kube.creates == ["r1-1"]  # from scratch, every one of them tried
+    assert set(retries) == {MIN_RETRY_SECONDS}, retries
+    assert sum(retries) <= 100 * MIN_RETRY_SECONDS
 
 
 def test_with_none_intact_the_start_is_from_scratch_once_all_are_tried() -> None:
