@@ -390,7 +390,7 @@ HOSTILE = [
     Hostile(
         "manifest-newer-version",
         _manifest(lambda: _manifest_json(version=99)),
-        waiting("ManifestUnreadable", "99"),
+        waiting("ManifestUnreadable", "newer"),
     ),
     Hostile(
         "file-name-control-character",

@@ -8,6 +8,7 @@ test_full_chain.py.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,13 +19,35 @@ from tests.azurite import Azurite
 from tests.e2e.test_full_chain import MAX_STEPS, Chain
 from tests.fakegcs import FakeGcs
 from tests.integration.stores import Bucket
-from tests.integration.support import Runs, evict, read_committed
+from tests.integration.support import OperatorProcess, Runs, evict, read_committed
 from tests.localenv import LocalEnv
 from tests.minio import Minio
 from tests.podrunner import RunnerHandle
 from trainingrun.manifest import parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
+
+
+@pytest.fixture
+def admin_lists_the_emulators(
+    operator: OperatorProcess,
+    localenv: LocalEnv,
+    fake_gcs: FakeGcs,
+    azurite: Azurite,
+    minio: Minio,
+) -> Iterator[None]:
+    """The session's operator as its administrator sets it up where fake-gcs-server runs: the
+    stores' endpoints in TRAININGRUN_ALLOWED_ENDPOINTS. A gs:// run on an emulator has no key
+    to give, and a custom endpoint without a Secret is refused unless the admin lists it."""
+    before = dict(operator.extra_env)
+    endpoints = [localenv.s3_endpoint, fake_gcs.endpoint, azurite.endpoint, minio.endpoint]
+    operator.stop()
+    operator.extra_env = {**before, "TRAININGRUN_ALLOWED_ENDPOINTS": ",".join(endpoints)}
+    operator.start()
+    yield
+    operator.stop()
+    operator.extra_env = before
+    operator.start()
 
 
 def _on(bucket: Bucket, prefix: str, secret: str | None) -> Any:
@@ -58,6 +81,7 @@ def _final_weights(bucket: Bucket, chain: Chain) -> bytes:
 
 
 def test_evicted_run_resumes_to_the_uninterrupted_weights_on_gcs_azure_and_minio(
+    admin_lists_the_emulators: None,
     runs: Runs,
     localenv: LocalEnv,
     prefix: str,
