@@ -408,8 +408,14 @@ class TrainingRunStatus(_Model):
         ),
     )
     bad_checkpoints: list[
-        Annotated[int, Field(description="Training step of a checkpoint that failed verification.")]
-    ] = Field(default_factory=list, description="Steps whose checkpoint failed verification.")
+        Annotated[int, Field(description="Training step of a checkpoint that is not used.")]
+    ] = Field(
+        default_factory=list,
+        description=(
+            "Steps of committed checkpoints not used again: the restore found them corrupt, or "
+            "the operator found them incomplete in the bucket (at most 1000)."
+        ),
+    )
     active_pod: str | None = Field(
         default=None,
         description=(
