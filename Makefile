@@ -8,7 +8,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 # Disk the virtualenv needs while it installs (its size and pip's unpacked wheels).
 VENV_GIB ?= 8
-STAMP := $(VENV)/.installed-$(shell cat pyproject.toml constraints.txt | sha256sum | cut -c1-12)
+# Keyed by what the install reads: pyproject.toml less the lint, type, layer and test settings
+# (a change of the import layers does not reinstall torch), and constraints.txt.
+INSTALL_INPUTS := awk '/^\[/ {skip = /^\[+tool\.(ruff|mypy|importlinter|pytest)/} !skip' pyproject.toml
+STAMP := $(VENV)/.installed-$(shell { $(INSTALL_INPUTS); cat constraints.txt; } | sha256sum | cut -c1-12)
 
 .PHONY: help venv tools cluster cluster-down cluster-status demo crds api-docs lint typecheck \
 	layers verify test test-unit test-integration chaos bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
@@ -37,7 +40,8 @@ help: ## List the targets with one line each
 	@grep -hE '^[a-zA-Z0-9_-]+:.*?## ' $(MAKEFILE_LIST) | \
 		awk 'BEGIN {FS = ":.*?## "}; {printf "  %-18s %s\n", $$1, $$2}'
 
-$(STAMP): pyproject.toml constraints.txt
+# No file prerequisites: the stamp's name changes with what the install reads.
+$(STAMP):
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 11) else \
 		"Python >= 3.11 is needed; set PYTHON=/path/to/python3.11")'
 	rm -rf $(VENV)
