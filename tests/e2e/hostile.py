@@ -23,8 +23,10 @@ from typing import Any
 from kubernetes import client
 
 from tests.e2e.tenancy import (
+    GCS_BUCKET,
     MISSING_BUCKET,
     Blackhole,
+    Trickle,
     base_uri,
     on_runner,
     run_key,
@@ -108,6 +110,8 @@ class Tenant:
     s3: Any
     node: str
     blackhole: Blackhole
+    trickle: Trickle  # an allowed endpoint that answers a byte every 2 s
+    token_trap: Trickle  # where a hostile key file sends its token requests: never called
 
     def run(self, name: str, **kwargs: Any) -> dict[str, Any]:
         return tenant_run(name, self.env, self.runs.namespace, **kwargs)
@@ -193,6 +197,36 @@ def fresh_skipping(step: int, says: str) -> Check:
         return None if says in skipped[0] else skipped[0]
 
     return check
+
+
+def fresh_after_one_event_per_try(steps: int, tries: int) -> Check:
+    """Started from scratch once all ``steps`` broken checkpoints were tried, each said in a
+    ``CheckpointSkipped`` Event of at most ``tries`` of them, and recorded as bad."""
+
+    def check(t: Tenant, name: str) -> str | None:
+        pod = t.runs.pod(f"{name}-1")
+        events = [e.message for e in t.runs.events(name) if e.reason == "CheckpointSkipped"]
+        bad = t.runs.status(name).get("badCheckpoints") or []
+        if pod is None or len(bad) < steps:
+            return f"pod {pod is not None}, bad {bad}, {len(events)} Events"
+        told = [m.count("checkpoint ") for m in events]
+        if len(events) > -(-steps // tries) or max(told) > tries:
+            return f"{len(events)} Events naming {told} checkpoints each"
+        return "resumed" if t.runs.env_of(pod).get("TRAININGRUN_RESUME_STEP") else None
+
+    return check
+
+
+def agents_not_root(t: Tenant, name: str) -> str | None:
+    """The pod's restore and sync run as 65532, whatever uid the template's pod level gives."""
+    pod = t.runs.pod(f"{name}-1")
+    if pod is None:
+        return "no pod yet"
+    users = {
+        c.name: (c.security_context.run_as_user if c.security_context else None)
+        for c in pod.spec.init_containers or []
+    }
+    return None if users and set(users.values()) == {65532} else f"agents' users {users}"
 
 
 def bad_then_fresh(step: int) -> Check:
@@ -297,6 +331,42 @@ def _on_runner(script: str, **shape: Any) -> Callable[[Tenant, str], None]:
     return make
 
 
+def _broken_entries(count: int) -> Callable[[Tenant, str], None]:
+    """``count`` committed entries whose part records are missing."""
+
+    def make(t: Tenant, name: str) -> None:
+        entry = {"committed": "2026-01-01T00:00:00Z", "files": 1, "bytes": 1}
+        entries = [
+            {**entry, "step": i, "prefix": f"checkpoints/checkpoint-{i}/"}
+            for i in range(1, count + 1)
+        ]
+        t.put_manifest(name, _manifest_json(entries=entries))
+        t.runs.create(t.run(name))
+
+    return make
+
+
+def _gcs_key_file(t: Tenant, name: str) -> None:
+    """A run on Cloud Storage whose Secret's key file sends token requests to a trap."""
+    key = {
+        "type": "service_account",
+        "project_id": "p",
+        "private_key_id": "k1",
+        "private_key": "-----BEGIN PRIVATE KEY-----\nMIIB\n-----END PRIVATE KEY-----\n",
+        "client_email": "sa@p.iam.gserviceaccount.com",
+        "client_id": "1",
+        "token_uri": f"{t.token_trap.url}/token",
+    }
+    data = {"GOOGLE_SERVICE_ACCOUNT_JSON": json.dumps(key).encode()}
+    t.runs.core.create_namespaced_secret(t.runs.namespace, secret(f"{name}-creds", data))
+    body = t.run(name, secret=f"{name}-creds")
+    storage = body["spec"]["checkpoint"]["storage"]
+    storage["uri"] = f"gs://{GCS_BUCKET}/{t.runs.namespace}"
+    storage.pop("endpoint", None)
+    storage.pop("region", None)
+    t.runs.create(body)
+
+
 def _name_taken(t: Tenant, name: str) -> None:
     pod = client.V1Pod(
         metadata=client.V1ObjectMeta(name=f"{name}-1"),
@@ -370,6 +440,17 @@ HOSTILE = [
         for i in range(BLACKHOLE_RUNS)
     ],
     Hostile(
+        "endpoint-trickles",
+        _storage(endpoint=lambda t: t.trickle.url),
+        # Each call ends by its wall-clock deadline, whatever the endpoint still sends.
+        waiting("StorageUnavailable", "did not answer", "busy or slow"),
+    ),
+    Hostile(
+        "gcs-key-file-token-uri",
+        _gcs_key_file,
+        waiting("MissingSecret", "token_uri"),
+    ),
+    Hostile(
         "bucket-missing",
         _storage(uri=lambda t: f"s3://{MISSING_BUCKET}/{t.runs.namespace}"),
         waiting("StorageUnavailable", "does not exist"),
@@ -387,6 +468,27 @@ HOSTILE = [
         _manifest(_many_entries),
         waiting("ManifestUnreadable", "checkpoints"),
     ),
+    Hostile(
+        "manifest-huge-rank-count",
+        _manifest(
+            lambda: _manifest_json(
+                entries=[
+                    {
+                        "step": 5,
+                        "prefix": "checkpoints/checkpoint-5/e1/",
+                        "committed": "2026-01-01T00:00:00Z",
+                        "files": 1,
+                        "bytes": 1,
+                        "epoch": 1,
+                        "ranks": 100_000_000,
+                    }
+                ],
+                fence=1,
+            )
+        ),
+        waiting("ManifestUnreadable", "malformed"),
+    ),
+    Hostile("manifest-seven-broken", _broken_entries(7), fresh_after_one_event_per_try(7, 3)),
     Hostile(
         "manifest-newer-version",
         _manifest(lambda: _manifest_json(version=99)),
@@ -413,6 +515,11 @@ HOSTILE = [
         failed("InsufficientDisk", "raise spec.checkpoint.sizeLimit"),
     ),
     Hostile("pod-name-taken", _name_taken, waiting("PodNameTaken", "")),
+    Hostile(
+        "pod-level-root",
+        _on_runner(IDLE, spec={"securityContext": {"runAsUser": 0}}),
+        agents_not_root,
+    ),
     Hostile(
         "template-resume-annotation",
         _on_runner(IDLE, metadata={"annotations": {RESUME: "999"}}),

@@ -5,6 +5,7 @@ a namespace of its own whose preemptions are timed while the other tenants misbe
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,19 +36,85 @@ class Blackhole:
         self.sock.close()
 
 
+class Trickle:
+    """A loopback HTTP port that answers each connection one byte every ``every`` seconds, for
+    at most ``lifetime`` seconds and ``most`` connections at once, and counts the connections:
+    an endpoint that keeps a call going forever unless the caller ends it by the wall clock, or,
+    never to be called, a trap whose ``connections`` must stay 0."""
+
+    ANSWER = b"HTTP/1.1 200 OK\r\nContent-Length: 100000\r\n\r\n" + b"x" * 100_000
+
+    def __init__(self, every: float = 2.0, lifetime: float = 120.0, most: int = 64) -> None:
+        self.every, self.lifetime, self.most = every, lifetime, most
+        self.connections = 0
+        self._open: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.sock.settimeout(0.5)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while not self._stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # the 0.5 s timeout, or closed
+                continue
+            with self._lock:
+                self.connections += 1
+                if len(self._open) >= self.most:
+                    conn.close()
+                    continue
+                self._open.append(conn)
+            threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        ends = time.monotonic() + self.lifetime
+        try:
+            for byte in self.ANSWER:
+                if self._stop.wait(self.every) or time.monotonic() > ends:
+                    break
+                conn.sendall(bytes([byte]))
+        except OSError:  # the caller gave up and closed
+            pass
+        finally:
+            with self._lock:
+                self._open.remove(conn)
+            conn.close()
+
+    def close(self) -> None:
+        self._stop.set()
+        self.sock.close()
+        self._thread.join(timeout=5)
+
+
 def base_uri(env: LocalEnv, namespace: str) -> str:
     """The folder the tests' admin allows a namespace's runs (``TRAININGRUN_ALLOWED_URIS``)."""
     return f"s3://{env.bucket}/tenants/{namespace}"
 
 
-def operator_env(env: LocalEnv, blackhole: Blackhole, missing_bucket: str) -> dict[str, str]:
-    """The admin's settings of the tests' operator: the environment's S3 endpoint and the
-    blackhole allowed, each namespace kept to its own folder (and one of a bucket that does not
-    exist), and sidecars that give up on access denied after ``ACCESS_DENIED_SECONDS``."""
+GCS_BUCKET = "trainingrun-tenants-gcs"  # allowed by the admin on Google's own service
+
+
+def operator_env(
+    env: LocalEnv, blackhole: Blackhole, trickle: Trickle, missing_bucket: str
+) -> dict[str, str]:
+    """The admin's settings of the tests' operator: the environment's S3 endpoint, the
+    blackhole, the trickling endpoint and Google Cloud Storage itself allowed, each namespace
+    kept to its own folder (and one of a bucket that does not exist, and one on Cloud Storage),
+    and sidecars that give up on access denied after ``ACCESS_DENIED_SECONDS``."""
     return {
-        "TRAININGRUN_ALLOWED_ENDPOINTS": f"{env.s3_endpoint},{blackhole.url}",
+        "TRAININGRUN_ALLOWED_ENDPOINTS": f"{env.s3_endpoint},{blackhole.url},{trickle.url},gcs",
         "TRAININGRUN_ALLOWED_URIS": ",".join(
-            [base_uri(env, "{namespace}"), f"s3://{missing_bucket}/{{namespace}}"]
+            [
+                base_uri(env, "{namespace}"),
+                f"s3://{missing_bucket}/{{namespace}}",
+                f"gs://{GCS_BUCKET}/{{namespace}}",
+            ]
         ),
         "TRAININGRUN_AGENT_ACCESS_DENIED_SECONDS": str(ACCESS_DENIED_SECONDS),
         # Every run looked at every 2 s (10 by default), so a running attempt's newest

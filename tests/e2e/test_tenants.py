@@ -40,6 +40,7 @@ from tests.e2e.tenancy import (
     ACCESS_DENIED_SECONDS,
     MISSING_BUCKET,
     Blackhole,
+    Trickle,
     Witness,
     on_runner,
     operator_env,
@@ -100,10 +101,27 @@ def blackhole() -> Iterator[Blackhole]:
 
 
 @pytest.fixture(scope="module")
+def trickle() -> Iterator[Trickle]:
+    """An allowed endpoint that answers a byte every 2 s."""
+    slow = Trickle()
+    yield slow
+    slow.close()
+
+
+@pytest.fixture(scope="module")
+def token_trap() -> Iterator[Trickle]:
+    """Where a hostile Google key file sends its token requests: nothing may connect."""
+    trap = Trickle()
+    yield trap
+    trap.close()
+
+
+@pytest.fixture(scope="module")
 def tenant_operator(
     localenv: LocalEnv,
     operator: OperatorProcess,
     blackhole: Blackhole,
+    trickle: Trickle,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[OperatorProcess]:
     """The module's operator, at --verbose, with the admin's allowlists; the session one
@@ -113,7 +131,7 @@ def tenant_operator(
         proc = OperatorProcess(
             localenv,
             tmp_path_factory.mktemp("tenant-operator") / "operator.log",
-            extra_env=operator_env(localenv, blackhole, MISSING_BUCKET),
+            extra_env=operator_env(localenv, blackhole, trickle, MISSING_BUCKET),
             args=["--verbose"],
         )
         proc.start()
@@ -287,6 +305,8 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
     witness: Witness,
     runner: RunnerHandle,
     blackhole: Blackhole,
+    trickle: Trickle,
+    token_trap: Trickle,
     localenv: LocalEnv,
     api_client: Any,
     s3: Any,
@@ -299,6 +319,8 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
         s3,
         runner.node,
         blackhole,
+        trickle,
+        token_trap,
     )
     report: list[str] = []
 
@@ -347,6 +369,7 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
         f"{during[len(during) // 2]:.2f} s, max {during[-1]:.2f} s (limit {WITNESS_LIMIT:.0f} s)"
     )
     assert not report, "\n".join(report)
+    assert token_trap.connections == 0, "a key file's token_uri was called"
     assert max(witness.seconds) <= WITNESS_LIMIT, witness.seconds
     assert len(REFUSED) + len(HOSTILE) >= 30
     # Nothing looped: the runs that fail kept their attempts few.
