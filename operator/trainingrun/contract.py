@@ -133,7 +133,10 @@ EXIT_USAGE = 2  # an agent's settings are missing or malformed
 # the step bad and falls back to the previous committed one, spending no budget.
 EXIT_CHECKPOINT_BAD = 3
 # The restore exits with this when the chosen checkpoint does not fit the checkpoint volume (its
-# free space, or spec.checkpoint.sizeLimit): the run fails, since no retry makes room.
+# free space, or spec.checkpoint.sizeLimit). When it cannot fit spec.checkpoint.sizeLimit, the
+# run fails (every attempt's pod has the same limit). A termination message starting with
+# decide.classify.NODE_DISK_FULL_MESSAGE (the node's disk is short now) is a failed attempt,
+# retried.
 EXIT_INSUFFICIENT_DISK = 4
 # A trainer stopped early to be preempted (as if SIGTERM had ended it): never 0.
 EXIT_STOPPED = 128 + signal.SIGTERM
