@@ -167,14 +167,16 @@ class EndpointSlots:
         calls = len(self._started[key])
         if key[0] == "endpoint":
             what = f"endpoint {endpoint} is busy or slow: {calls} calls to it are"
+            check = "the endpoint's health and latency"
         else:
             what = (
                 f"namespace {key[1]} has {calls} calls in flight to its endpoints, its share of "
                 "the operator's workers; they are"
             )
+            check = "the health and latency of every endpoint this namespace's runs name"
         return EndpointBusy(
             f"{what} still waiting for an answer ({why}); the call is tried again on a later "
-            "pass (if this lasts, check the endpoint's health and latency)"
+            f"pass (if this lasts, check {check})"
         )
 
     @contextlib.contextmanager

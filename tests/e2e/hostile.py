@@ -4,12 +4,14 @@ each with the outcome a user should see.
 - ``REFUSED``: spec fields and template tricks the API server refuses at apply (the CRD's schema,
   its CEL rules, strict field validation), each with a word its message must contain;
 - ``HOSTILE``: inputs the operator meets (storage a tenant may not use, Secrets missing or
-  malformed, an endpoint that never answers, more runs on it than the operator has workers,
-  manifests that are garbage, too big, too long or too new, checkpoints with names no disk can
-  hold or larger than the run's disk, a pod name taken, template annotations that fake the
-  operator's signals, an init container that fakes the restore's exit), each with a ``Check``
-  of its outcome: failed with a reason, waiting with a reason, started from scratch with the
-  bad checkpoint skipped, and so on.
+  malformed, a key file naming its own token endpoint, manifests that are garbage, too big, too
+  long, too new or naming 100,000,000 ranks, broken checkpoints, checkpoints with names no disk
+  can hold or larger than the run's disk, a pod name taken, template annotations that fake the
+  operator's signals, a root pod, an init container that fakes the restore's exit), each with a
+  ``Check`` of its outcome: failed with a reason, waiting with a reason, started from scratch
+  with the bad checkpoint skipped, and so on;
+- ``SLOW_ENDPOINTS``, in a namespace of their own: more runs on an endpoint that never answers
+  than the operator has workers, and one on an endpoint that answers a byte every 2 s.
 """
 
 from __future__ import annotations
@@ -392,6 +394,28 @@ FAIL = "import sys; sys.exit(1)"
 IDLE = "import time; time.sleep(600)"
 BLACKHOLE_RUNS = 10  # more than the operator's 8 workers
 
+# Calls beyond an endpoint's 4 at once, or the namespace's share of the workers, are not made
+# at all: "busy or slow", "its share".
+HELD = ("did not answer", "busy or slow", "its share of the operator's workers")
+# Endpoints that hold the calls made to them, in a namespace of their own: its share of the
+# operator's workers is taken by them, so its other runs would wait with them.
+SLOW_ENDPOINTS = [
+    *[
+        Hostile(
+            f"blackhole-{i}",
+            _storage(endpoint=lambda t: t.blackhole.url),
+            waiting("StorageUnavailable", *HELD),
+        )
+        for i in range(BLACKHOLE_RUNS)
+    ],
+    Hostile(
+        "endpoint-trickles",
+        _storage(endpoint=lambda t: t.trickle.url),
+        # Each call ends by its wall-clock deadline, whatever the endpoint still sends.
+        waiting("StorageUnavailable", *HELD),
+    ),
+]
+
 HOSTILE = [
     Hostile(
         "endpoint-not-allowed",
@@ -429,21 +453,6 @@ HOSTILE = [
         "secret-not-utf8",
         _with_secret({"AWS_ACCESS_KEY_ID": b"\xff\xfe", "AWS_SECRET_ACCESS_KEY": b"\xc3"}),
         waiting("MissingSecret", "UTF-8"),
-    ),
-    *[
-        Hostile(
-            f"blackhole-{i}",
-            _storage(endpoint=lambda t: t.blackhole.url),
-            # Calls beyond the endpoint's 4 at once are not made at all: "busy or slow".
-            waiting("StorageUnavailable", "did not answer", "busy or slow"),
-        )
-        for i in range(BLACKHOLE_RUNS)
-    ],
-    Hostile(
-        "endpoint-trickles",
-        _storage(endpoint=lambda t: t.trickle.url),
-        # Each call ends by its wall-clock deadline, whatever the endpoint still sends.
-        waiting("StorageUnavailable", "did not answer", "busy or slow"),
     ),
     Hostile(
         "gcs-key-file-token-uri",

@@ -35,7 +35,7 @@ import pytest
 from kubernetes import client
 
 from tests.conftest import create_kwok_node, paused_session_operators
-from tests.e2e.hostile import HOSTILE, REFUSED, Tenant
+from tests.e2e.hostile import HOSTILE, REFUSED, SLOW_ENDPOINTS, Tenant
 from tests.e2e.tenancy import (
     ACCESS_DENIED_SECONDS,
     MISSING_BUCKET,
@@ -313,14 +313,17 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
     module_namespaces: Callable[[str], str],
 ) -> None:
     usual = witness.preempt()
-    t = Tenant(
-        Runs.with_credentials(api_client, module_namespaces("hostile"), localenv),
-        localenv,
-        s3,
-        runner.node,
-        blackhole,
-        trickle,
-        token_trap,
+    t, slow = (
+        Tenant(
+            Runs.with_credentials(api_client, module_namespaces(prefix), localenv),
+            localenv,
+            s3,
+            runner.node,
+            blackhole,
+            trickle,
+            token_trap,
+        )
+        for prefix in ("hostile", "slow-endpoints")
     )
     report: list[str] = []
 
@@ -344,15 +347,16 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
         else:
             report.append(f"{case.name}: accepted")
 
-    for case in HOSTILE:
-        case.make(t, case.name)
-    pending = {case.name: case.check for case in HOSTILE}
+    cases = [(t, case) for case in HOSTILE] + [(slow, case) for case in SLOW_ENDPOINTS]
+    for tenant, case in cases:
+        case.make(tenant, case.name)
+    pending = {case.name: (tenant, case.check) for tenant, case in cases}
     seen: dict[str, str | None] = {}
     deadline = time.monotonic() + 150
     while pending and time.monotonic() < deadline:
         witness.preempt()
-        for name, check in list(pending.items()):
-            seen[name] = check(t, name)
+        for name, (tenant, check) in list(pending.items()):
+            seen[name] = check(tenant, name)
             if seen[name] is None:
                 print(f"outcome {name}: as expected")
                 del pending[name]
@@ -371,7 +375,7 @@ def test_hostile_inputs_get_clear_outcomes_and_supervision_goes_on(
     assert not report, "\n".join(report)
     assert token_trap.connections == 0, "a key file's token_uri was called"
     assert max(witness.seconds) <= WITNESS_LIMIT, witness.seconds
-    assert len(REFUSED) + len(HOSTILE) >= 30
+    assert len(REFUSED) + len(HOSTILE) + len(SLOW_ENDPOINTS) >= 45
     # Nothing looped: the runs that fail kept their attempts few.
     for name in ("template-notice-annotation-failing-trainer", "init-container-exits-3"):
         assert t.runs.status(name)["attempt"] == 2
