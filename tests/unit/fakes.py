@@ -10,7 +10,7 @@ import contextlib
 import copy
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -34,7 +34,14 @@ from trainingrun.manifest import (
     checkpoint_prefix,
     parse_run_manifest,
 )
-from trainingrun.storage import Credentials, Location, PreconditionFailed, Store, make_client
+from trainingrun.storage import (
+    Credentials,
+    Location,
+    NotFound,
+    PreconditionFailed,
+    Store,
+    make_client,
+)
 
 FILES = {"model.safetensors": b"weights" * 10, "trainer_state.json": b"{}"}
 
@@ -320,6 +327,17 @@ class DictStore:
 
     def abort_multipart(self, key: str, upload_id: str) -> None:
         self.uploads.remove((key, upload_id))
+
+    def read_range(
+        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
+    ) -> int:
+        """The ranged GET the restore's downloads use: bytes ``start`` to ``end`` of ``key``."""
+        data = self.objects.get(key)
+        if data is None:
+            raise NotFound(f"{key} does not exist")
+        block = data[start : end + 1]
+        sink(block)
+        return len(block)
 
 
 class FakeBucket(DictStore):

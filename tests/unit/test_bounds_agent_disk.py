@@ -21,7 +21,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import NamedTuple, cast
@@ -36,7 +35,7 @@ from trainingrun.decide.classify import End, Outcome, classify
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.policy import Action, Counters, decide
 from trainingrun.restore import Metrics, RestoreSettings, main
-from trainingrun.storage import Location, NotFound, Store
+from trainingrun.storage import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP = 120
@@ -49,18 +48,6 @@ _REF = make_run("r1").with_checkpoint(STEP).ref()
 RESUMED_POD = build_pod(_REF, 2, resume_of(_REF, STEP), AgentSettings(), epoch=2)
 
 
-class RangedBucket(FakeBucket):
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
-        data = self.objects.get(key)
-        if data is None:
-            raise NotFound(f"{key} does not exist")
-        block = data[start : end + 1]
-        sink(block)
-        return len(block)
-
-
 class Usage(NamedTuple):
     total: int
     used: int
@@ -69,7 +56,7 @@ class Usage(NamedTuple):
 
 def _restore(tmp_path: Path, size_limit: int | None) -> tuple[int, str]:
     """(exit code, termination message) of the restore of STEP."""
-    store = RangedBucket()
+    store = FakeBucket()
     store.commit(RUN, STEP, files=FILES)
     log = tmp_path / "termination-log"
     settings = RestoreSettings(

@@ -9,7 +9,6 @@ with nothing are still written.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -19,28 +18,14 @@ from tests.unit.fakes import FakeBucket
 from trainingrun.contract import EXIT_OK
 from trainingrun.manifest import Layout
 from trainingrun.restore import Metrics, RestoreSettings, main
-from trainingrun.storage import Location, NotFound, Store
+from trainingrun.storage import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP = 50
 POINTER = b"global_step50\n"  # what the trainer wrote, uploaded and verified
 
 
-class RangedBucket(FakeBucket):
-    """The fake bucket with the ranged GET the restore's downloads use."""
-
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
-        data = self.objects.get(key)
-        if data is None:
-            raise NotFound(f"{key} does not exist")
-        block = data[start : end + 1]
-        sink(block)
-        return len(block)
-
-
-def _restore(store: RangedBucket, tmp_path: Path) -> tuple[int, Path]:
+def _restore(store: FakeBucket, tmp_path: Path) -> tuple[int, Path]:
     folder = tmp_path / "checkpoints"
     settings = RestoreSettings(
         checkpoint_dir=folder, run=RUN, step=STEP, termination_log=tmp_path / "termination-log"
@@ -54,7 +39,7 @@ def _restore(store: RangedBucket, tmp_path: Path) -> tuple[int, Path]:
 def test_an_extra_named_like_a_checkpoint_file_does_not_overwrite_it(
     tmp_path: Path, base: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    store = RangedBucket()
+    store = FakeBucket()
     files = {"latest": POINTER, "global_step50/mp_rank_00_model_states.pt": b"w" * 64}
     extras = {"latest": "global_step999", "zero_to_fp32.txt": "a pointer of its own"}
     layout = Layout(format="deepspeed", base=base, resume=base, extras=extras)
@@ -73,7 +58,7 @@ def test_an_extra_named_like_a_checkpoint_file_does_not_overwrite_it(
 
 
 def test_extras_that_clash_with_nothing_are_written(tmp_path: Path) -> None:
-    store = RangedBucket()
+    store = FakeBucket()
     files = {"global_step50/mp_rank_00_model_states.pt": b"w" * 64}
     layout = Layout(format="deepspeed", extras={"latest": "global_step50"})
     store.commit(RUN, STEP, files=files, layout=layout)

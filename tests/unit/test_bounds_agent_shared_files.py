@@ -11,7 +11,6 @@ past the bytes no target claims.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import cast
 
@@ -33,28 +32,14 @@ from trainingrun.manifest import (
 )
 from trainingrun.packs import Splitter, Target, gather, plan
 from trainingrun.restore import Metrics, RestoreSettings, main
-from trainingrun.storage import Location, NotFound, Store
+from trainingrun.storage import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP, EPOCH = 40, 2
 CONFIG = b'{"a":1}'  # the same on both ranks: 7 bytes
 
 
-class RangedStore(DictStore):
-    """The in-memory bucket with the ranged GET the restore's downloads use."""
-
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
-        data = self.objects.get(key)
-        if data is None:
-            raise NotFound(f"{key} does not exist")
-        block = data[start : end + 1]
-        sink(block)
-        return len(block)
-
-
-def _commit_gang(store: RangedStore, ranks: list[dict[str, bytes]], root: Path) -> None:
+def _commit_gang(store: DictStore, ranks: list[dict[str, bytes]], root: Path) -> None:
     """A committed checkpoint of ``len(ranks)`` ranks, each rank's small files packed as the
     sidecar packs them, its part record and the run manifest's entry as the committer writes
     them."""
@@ -106,7 +91,7 @@ def _commit_gang(store: RangedStore, ranks: list[dict[str, bytes]], root: Path) 
     store.put(RUN.key(RUN_MANIFEST), manifest.to_json())
 
 
-def _restore(store: RangedStore, tmp_path: Path) -> tuple[int, str, Path]:
+def _restore(store: DictStore, tmp_path: Path) -> tuple[int, str, Path]:
     folder = tmp_path / "checkpoints"
     log = tmp_path / "termination-log"
     settings = RestoreSettings(checkpoint_dir=folder, run=RUN, step=STEP, termination_log=log)
@@ -157,7 +142,7 @@ def _shard(rank: int, size: int = 200) -> bytes:
 def test_a_gang_whose_ranks_wrote_the_same_small_file_restores_bit_for_bit(
     tmp_path: Path, ranks: list[dict[str, bytes]]
 ) -> None:
-    store = RangedStore()
+    store = DictStore()
     _commit_gang(store, ranks, tmp_path / "saved")
 
     code, message, folder = _restore(store, tmp_path)
@@ -174,7 +159,7 @@ def test_a_gang_whose_ranks_wrote_the_same_small_file_restores_bit_for_bit(
 
 def test_a_corrupt_file_of_a_pack_is_still_refused(tmp_path: Path) -> None:
     """Reading past the shared copy does not read past a wrong byte of a file that lands."""
-    store = RangedStore()
+    store = DictStore()
     ranks = [
         {"config.json": CONFIG, "shard-0.bin": _shard(0)},
         {"config.json": CONFIG, "shard-1.bin": _shard(1)},

@@ -24,7 +24,6 @@ import json
 import os
 import shutil
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple, cast
 
@@ -41,7 +40,7 @@ from trainingrun.contract import (
 )
 from trainingrun.manifest import CHECKPOINT_MANIFEST, Layout, checkpoint_prefix
 from trainingrun.restore import Metrics, RestoreSettings, main, parse_size, stop_on_sigterm
-from trainingrun.storage import Location, NotFound, Store
+from trainingrun.storage import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP = 120
@@ -51,20 +50,6 @@ FILES = {"model.safetensors": WEIGHTS, "trainer_state.json": b"{}"}
 NEEDED = sum(len(data) for data in FILES.values())
 
 
-class RangedBucket(FakeBucket):
-    """The fake bucket with the ranged GET the restore's downloads use."""
-
-    def read_range(
-        self, key: str, start: int, end: int, sink: Callable[[bytes], None], chunk: int = 8 << 20
-    ) -> int:
-        data = self.objects.get(key)
-        if data is None:
-            raise NotFound(f"s3://{RUN.bucket}/{key} does not exist")
-        block = data[start : end + 1]
-        sink(block)
-        return len(block)
-
-
 class Usage(NamedTuple):
     total: int
     used: int
@@ -72,14 +57,14 @@ class Usage(NamedTuple):
 
 
 @pytest.fixture
-def bucket() -> RangedBucket:
-    store = RangedBucket()
+def bucket() -> FakeBucket:
+    store = FakeBucket()
     store.commit(RUN, STEP, files=FILES)
     return store
 
 
 def _restore(
-    store: RangedBucket, tmp_path: Path, size_limit: int | None = None, tell_trainer: bool = False
+    store: FakeBucket, tmp_path: Path, size_limit: int | None = None, tell_trainer: bool = False
 ) -> tuple[int, str, Path]:
     """(exit code, termination message, checkpoint folder) of the restore of STEP."""
     folder = tmp_path / "checkpoints"
@@ -152,7 +137,7 @@ def test_parse_size_refuses_what_is_not_a_byte_quantity(text: str) -> None:
 
 
 def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_download(
-    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _free(monkeypatch, NEEDED - 1)
 
@@ -168,7 +153,7 @@ def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_download(
 
 
 def test_a_checkpoint_that_just_fits_is_restored(
-    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _free(monkeypatch, NEEDED)
 
@@ -188,7 +173,7 @@ def test_a_checkpoint_that_just_fits_is_restored(
     ],
 )
 def test_the_size_limit_less_what_the_folder_holds_must_fit_the_checkpoint(
-    bucket: RangedBucket, tmp_path: Path, held: int, limit: int, code: int
+    bucket: FakeBucket, tmp_path: Path, held: int, limit: int, code: int
 ) -> None:
     folder = tmp_path / "checkpoints"
     (folder / "logs").mkdir(parents=True)
@@ -205,7 +190,7 @@ def test_the_size_limit_less_what_the_folder_holds_must_fit_the_checkpoint(
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=errno.errorcode.get)
 def test_the_volume_filling_up_during_the_download_is_insufficient_disk(
-    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     def full(fd: int, data: bytes, offset: int) -> int:
         raise OSError(code, os.strerror(code))
@@ -239,7 +224,7 @@ def test_the_volume_filling_up_during_the_download_is_insufficient_disk(
 def test_files_that_cannot_share_one_folder_are_a_bad_checkpoint(
     tmp_path: Path, files: dict[str, bytes], layout: Layout | None, named: str
 ) -> None:
-    store = RangedBucket()
+    store = FakeBucket()
     store.commit(RUN, STEP, files=files, layout=layout)
 
     code, message, folder = _restore(store, tmp_path)
@@ -249,7 +234,7 @@ def test_files_that_cannot_share_one_folder_are_a_bad_checkpoint(
     assert _downloaded(folder) == []
 
 
-def test_a_name_with_dot_dot_is_a_bad_checkpoint(bucket: RangedBucket, tmp_path: Path) -> None:
+def test_a_name_with_dot_dot_is_a_bad_checkpoint(bucket: FakeBucket, tmp_path: Path) -> None:
     key = RUN.key(checkpoint_prefix(STEP), CHECKPOINT_MANIFEST)
     part = json.loads(bucket.objects[key])
     part["files"][0]["path"] = "../../model.safetensors"
@@ -265,7 +250,7 @@ def test_a_name_with_dot_dot_is_a_bad_checkpoint(bucket: RangedBucket, tmp_path:
 
 
 def test_another_os_error_exits_1_naming_the_error(
-    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
 
@@ -282,7 +267,7 @@ def test_another_os_error_exits_1_naming_the_error(
 
 
 def test_an_unexpected_error_exits_1_naming_its_type(
-    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("something nobody expected")
@@ -306,7 +291,7 @@ def test_an_unexpected_error_exits_1_naming_its_type(
     ],
 )
 def test_the_outcome_is_written_last_for_a_trainer_that_waits(
-    bucket: RangedBucket,
+    bucket: FakeBucket,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     free: int,
@@ -327,7 +312,7 @@ def test_the_outcome_is_written_last_for_a_trainer_that_waits(
         assert outcome.message == message
 
 
-def test_no_outcome_file_when_no_trainer_waits(bucket: RangedBucket, tmp_path: Path) -> None:
+def test_no_outcome_file_when_no_trainer_waits(bucket: FakeBucket, tmp_path: Path) -> None:
     got, _, folder = _restore(bucket, tmp_path)
 
     assert got == EXIT_OK
@@ -335,7 +320,7 @@ def test_no_outcome_file_when_no_trainer_waits(bucket: RangedBucket, tmp_path: P
 
 
 def test_an_outcome_that_cannot_be_written_fails_the_restore(
-    bucket: RangedBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refused(folder: Path, outcome: local.Restored) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
