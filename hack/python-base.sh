@@ -9,7 +9,7 @@
 # Dockerfiles' `pip wheel`, `python -m venv` and `python -m pip uninstall pip setuptools wheel`
 # work unchanged; Debian's EXTERNALLY-MANAGED marker is removed for the same reason.
 # The tarball is cached under ${TRAININGRUN_CACHE:-~/.cache/trainingrun}/images, keyed by this
-# script's text (its package list and options are its inputs): a warm run only checks that
+# script's commands (its package list and options are its inputs): a warm run only checks that
 # buildah's storage holds the image made from that very tarball (label trainingrun.base-key).
 # Delete the tarball to pick up Debian's newer point and security updates.
 set -euo pipefail
@@ -18,7 +18,8 @@ cache=${TRAININGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainingrun}
 suite=bookworm
 mirror=http://deb.debian.org/debian
 packages=python3,python3-venv,python-is-python3,ca-certificates,netbase
-key=$(sha256sum "$0" | cut -c1-12)
+# Its commands, comments left out: rewording a comment rebuilds nothing.
+key=$(grep -v '^[[:space:]]*#' "$0" | sha256sum | cut -c1-12)
 tarball="$cache/images/python-base-$suite-$key.tar"
 
 if [ ! -f "$tarball" ]; then
@@ -39,7 +40,7 @@ HOOK
   # The hooks' "$1" is the root file system, expanded by mmdebstrap's shell.
   # shellcheck disable=SC2016
   # The merged-usr hook makes /usr merged itself and installs usr-is-merged, so the usrmerge
-  # package (and the full perl it pulls, 25 MB) stays out.
+  # package and the full perl it pulls stay out (49 MB of the image).
   mmdebstrap --variant=minbase --include="$packages" --quiet \
     --hook-dir=/usr/share/mmdebstrap/hooks/merged-usr \
     --dpkgopt='path-exclude=/usr/share/man/*' \
