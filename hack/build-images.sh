@@ -43,9 +43,10 @@ fi
 args=()
 if [ "$builder" = buildah ]; then
   base=${PYTHON_IMAGE:-$(bash "$here/python-base.sh")}
-  # --layers: reuse each step whose inputs are unchanged; --network host: pip reaches PyPI with
+  # --layers: reuse each step whose inputs are unchanged; --force-rm: a failed build leaves no
+  # working container (and its overlay mount) behind; --network host: pip reaches PyPI with
   # no CNI network of buildah's own (no bridge, no iptables rules left behind).
-  args=(bud --layers --network host --build-arg "PYTHON_IMAGE=$base")
+  args=(bud --layers --force-rm --network host --build-arg "PYTHON_IMAGE=$base")
   # Where the host's pip trusts a CA bundle of its own (PIP_CERT or pip.conf's cert: a proxy that
   # inspects TLS), the build's pip needs it too: Debian's pip reads the system bundle, so the
   # host's is bind-mounted over it for the RUN steps only (a mount is never part of a layer).
