@@ -308,7 +308,9 @@ class AccessDeniedWatch:
 
 def report_failure(e: BaseException, metrics: Metrics) -> None:
     """One failed pass: counted by reason and logged, saying when waiting will not help."""
-    reason = type(e).__name__
+    # Every manifest problem under one reason (too large, too new, malformed): the metric's
+    # label set stays the documented one, which alerts select on.
+    reason = "ManifestError" if isinstance(e, ManifestError) else type(e).__name__
     metrics.failures.labels(reason).inc()
     hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
     log.error("sync: %s: %s%s; retrying", reason, log_text(e), hint)

@@ -25,6 +25,8 @@ Covers:
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -92,9 +94,19 @@ def store(client: Any) -> Store:
 
 @pytest.fixture
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
-    """The CAS backoff sleeps, recorded instead of slept."""
+    """The CAS backoff sleeps of the test's own thread, recorded instead of slept. The patch is
+    of ``time.sleep`` itself: a thread another test left behind (a client still retrying)
+    sleeps for real, rather than spin and fill the record."""
     slept: list[float] = []
-    monkeypatch.setattr("trainingrun.commit.time.sleep", slept.append)
+    caller, real = threading.get_ident(), time.sleep
+
+    def record(seconds: float) -> None:
+        if threading.get_ident() == caller:
+            slept.append(seconds)
+        else:
+            real(seconds)
+
+    monkeypatch.setattr("trainingrun.commit.time.sleep", record)
     return slept
 
 
