@@ -77,7 +77,8 @@ def checkpoint_rows(
     rows = []
     for entry in sorted(manifest.entries, key=lambda e: -e.step):
         if entry.step in bad:
-            verified = "no: marked bad by a restore"
+            # status.badCheckpoints: a restore found it corrupt, or a start found it incomplete
+            verified = "no: marked bad (status.badCheckpoints)"
         else:
             ckpt, why = check_committed(store, location, entry)
             verified = "yes" if ckpt is not None else f"no: {why}"

@@ -176,7 +176,7 @@ def test_checkpoint_rows_verify_as_the_operator_does() -> None:
     assert [(r[0], r[4]) for r in rows] == [
         (60, "no: checkpoints/checkpoint-60/e2/r1/MANIFEST.json is missing"),
         (50, "yes"),
-        (40, "no: marked bad by a restore"),
+        (40, "no: marked bad (status.badCheckpoints)"),
         (30, "no: optimizer.pt is missing"),
         (20, "no: checkpoints/checkpoint-20/MANIFEST.json is missing"),
         (10, "yes"),
