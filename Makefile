@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed-$(shell { $(INSTALL_INPUTS); cat constraints.txt; } 
 	layers verify test test-unit test-integration chaos bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
 	lightning-env composer-env mindformers-env
 .PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
-.PHONY: node-packages node-tools
+.PHONY: node-packages node-tools check format
 
 CHART := charts/trainingrun
 # Images and the kind cluster of the kind-* targets (users with Docker and kind).
@@ -119,6 +119,13 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		git diff --name-only -- $(GENERATED) | sed 's/$$/ is stale: commit the regenerated file/'; \
 		echo "make verify has regenerated the file(s) above: review with 'git diff' and commit"; \
 		exit 1; } >&2
+
+check: verify ## For every change, in about 3 minutes: make verify, then the unit and chart tests (no cluster)
+	$(BIN)/pytest tests/unit tests/chart -n 2 -q
+
+format: venv ## Format and fix what ruff can (the same rules make lint checks)
+	$(BIN)/ruff format operator tests examples
+	$(BIN)/ruff check --fix operator tests examples
 
 test: verify tools emulators bench-tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
 	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40
