@@ -28,6 +28,7 @@ import posixpath
 from dataclasses import dataclass, field
 from typing import Any
 
+from trainingrun import __version__
 from trainingrun import contract as c
 from trainingrun.api import GROUP, KIND, VERSION, TrainingRunSpec
 from trainingrun.decide.agents import agent_user, metrics_env, security_context
@@ -40,7 +41,7 @@ CLUSTER_DOMAIN = "cluster.local"  # the kubelet's default --cluster-domain
 class AgentSettings:
     """Operator-wide settings of the injected containers."""
 
-    image: str = "ghcr.io/trainingrun/agent:0.1.0"
+    image: str = f"ghcr.io/trainingrun/agent:{__version__}"
     image_pull_policy: str = "IfNotPresent"
     sync_command: tuple[str, ...] = ("trainingrun", "sync")
     restore_command: tuple[str, ...] = ("trainingrun", "restore")
