@@ -29,24 +29,11 @@ version_of() {
 }
 
 # build MODULE_DIR LDFLAGS NAME=PACKAGE...: as hack/build-tools.sh, into a folder keyed by the
-# module's go.mod, go.sum and Go files and the flags; prints it.
-build() {
-  local dir=$1 ldflags=$2; shift 2
-  local key out
-  key=$(find "$dir" -maxdepth 1 -type f \( -name 'go.mod' -o -name 'go.sum' -o -name '*.go' \) \
-    | sort | xargs cat | cat - <(echo "$ldflags") | sha256sum | cut -c1-12)
-  out="$cache/$(basename "$dir")-$key"
-  mkdir -p "$out"
-  for spec in "$@"; do
-    local name=${spec%%=*} pkg=${spec#*=} start
-    [ -x "$out/$name" ] && continue
-    start=$(date +%s)
-    echo "building $name ($pkg)" >&2
-    (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$name.partial" "$pkg")
-    mv "$out/$name.partial" "$out/$name"   # only a finished binary gets the real name
-    echo "  built $name in $(( $(date +%s) - start ))s" >&2
-  done
-  echo "$out"
+# module's go.mod, go.sum and Go files (key_files) and the flags.
+# shellcheck source=hack/gobuild.sh
+source "$here/gobuild.sh"
+key_files() {
+  (cd "$1" && find . -maxdepth 1 -type f \( -name 'go.mod' -o -name 'go.sum' -o -name '*.go' \) | sort)
 }
 
 k8s=$(version_of "$here/k8s" k8s.io/kubernetes)
@@ -60,14 +47,14 @@ v=k8s.io/component-base/version
 # The control plane's flags (hack/build-tools.sh): the kubelet reports the same version.
 k8s_ldflags="-s -w -X $v.gitVersion=$k8s -X $v.gitMajor=1 -X $v.gitMinor=$minor"
 k8s_ldflags+=" -X $v.gitTreeState=clean -X $v.buildDate=1970-01-01T00:00:00Z"
-node_out=$(build "$here/node" "$k8s_ldflags" \
+node_out=$(BUILD_KEY_FILES=$(key_files "$here/node") build "$here/node" "$k8s_ldflags" \
   kubelet=k8s.io/kubernetes/cmd/kubelet kube-proxy=k8s.io/kubernetes/cmd/kube-proxy)
 
 coredns=$(version_of "$here/coredns" github.com/coredns/coredns)
-coredns_out=$(build "$here/coredns" "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns" \
+coredns_out=$(BUILD_KEY_FILES=$(key_files "$here/coredns") build "$here/coredns" "-s -w -X github.com/coredns/coredns/coremain.GitCommit=$coredns" \
   coredns=.)
 
-pause_out=$(build "$here/pause" "-s -w" pause=.)
+pause_out=$(BUILD_KEY_FILES=$(key_files "$here/pause") build "$here/pause" "-s -w" pause=.)
 if [ ! -f "$pause_out/pause.tar" ] || [ "$(cat "$pause_out/pause.ref" 2>/dev/null)" != "$pause_image" ]; then
   ctr=$(buildah from scratch)
   trap 'buildah rm "$ctr" >/dev/null' EXIT

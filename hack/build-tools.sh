@@ -17,24 +17,9 @@ version_of() {
   awk -v m="$2" '$1 == m && $2 ~ /^v/ {print $2; exit}' "$1/go.mod"
 }
 
-# build MODULE_DIR LDFLAGS NAME=PACKAGE...: builds into the keyed folder, prints it.
-build() {
-  local dir=$1 ldflags=$2; shift 2
-  local key out
-  key=$(cat "$dir/go.mod" "$dir/go.sum" <(echo "$ldflags") | sha256sum | cut -c1-12)
-  out="$cache/$(basename "$dir")-$key"
-  mkdir -p "$out"
-  for spec in "$@"; do
-    local name=${spec%%=*} pkg=${spec#*=} start
-    [ -x "$out/$name" ] && continue
-    start=$(date +%s)
-    echo "building $name ($pkg)" >&2
-    (cd "$dir" && go build -trimpath -ldflags "$ldflags" -o "$out/$name.partial" "$pkg")
-    mv "$out/$name.partial" "$out/$name"   # only a finished binary gets the real name
-    echo "  built $name in $(( $(date +%s) - start ))s" >&2
-  done
-  echo "$out"
-}
+# build MODULE_DIR LDFLAGS NAME=PACKAGE...: into a folder keyed by go.mod, go.sum and the flags.
+# shellcheck source=hack/gobuild.sh
+source "$here/gobuild.sh"
 
 k8s=$(version_of "$here/k8s" k8s.io/kubernetes)
 minor=${k8s#v1.}; minor=${minor%%.*}
