@@ -88,11 +88,11 @@ demo: cluster ## The main job: a real TrainingRun preempted once, resumed from i
 podtemplate-schema: venv tools ## Regenerate the pod template's schema from the Kubernetes release hack/k8s/go.mod builds (then make crds)
 	$(BIN)/python hack/podtemplate_schema.py
 
-crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api.py
-	$(BIN)/python -m trainingrun.crd > crds/trainingrun.yaml
+crds: venv ## Regenerate crds/trainingrun.yaml from operator/trainingrun/api/__init__.py
+	$(BIN)/python -m trainingrun.api.crd > crds/trainingrun.yaml
 
 api-docs: venv ## Regenerate docs/api-reference.md from the CRD
-	$(BIN)/python -m trainingrun.apidoc > docs/api-reference.md
+	$(BIN)/python -m trainingrun.api.reference > docs/api-reference.md
 
 lint: venv ## ruff (lint and format check)
 	$(BIN)/ruff check operator tests examples

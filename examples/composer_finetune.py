@@ -23,7 +23,8 @@ from a seeded ``DistributedSampler`` (``set_epoch`` per epoch); on resume Compos
 sampler to the checkpoint's epoch and skips the batches of that epoch already trained
 (``spin_dataloaders``), and restores the random generators' state saved in the checkpoint.
 
-``trainingrun.composer`` turns SIGTERM or a preemption notice into a stop at the end of the
+``trainingrun.integrations.composer`` turns SIGTERM or a preemption notice into a stop at the end
+of the
 batch under way; Composer saves that batch as the end of training and the script exits 143, so
 the operator resumes it from that file.
 """
@@ -44,7 +45,7 @@ from tinytask import log_step, make_dataset, make_model, parse_args, save_final
 from torch import nn
 from torch.utils.data import DataLoader
 
-from trainingrun import composer as tr
+from trainingrun.integrations import composer as tr
 
 
 class Classifier(ComposerModel):

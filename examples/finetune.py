@@ -4,7 +4,8 @@ tokenizer is the identity on UTF-8 bytes (vocabulary of 256).
 
     python examples/finetune.py --max-steps 60 --save-steps 10
 
-It uses ``trainingrun.hf``: resumes from the checkpoint the restore put in place, saves at the
+It uses ``trainingrun.integrations.hf``: resumes from the checkpoint the restore put in place,
+saves at the
 next step end on SIGTERM or a preemption notice (then exits 143), and marks each checkpoint
 complete for the sync sidecar. Deterministic: the same arguments give bitwise the same weights
 and losses whether or not the run was stopped and resumed.
@@ -43,7 +44,7 @@ from transformers import (
     set_seed,
 )
 
-from trainingrun import hf
+from trainingrun.integrations import hf
 
 WORDS = (  # noqa: SIM905 - a sentence reads better than a list of words
     "the model keeps its weights safe in a bucket while spot nodes come and go every checkpoint"

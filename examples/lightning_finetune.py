@@ -25,7 +25,8 @@ permutation drawn from its own generator seeded by (seed, epoch), and the loader
 resume in the middle of an epoch goes on with the next batch of that epoch instead of starting
 the epoch over.
 
-``trainingrun.lightning`` resumes from the restored checkpoint and, on SIGTERM or a preemption
+``trainingrun.integrations.lightning`` resumes from the restored checkpoint and, on SIGTERM or a
+preemption
 notice, saves ``epoch=E-step=S.ckpt`` at the end of the step under way and stops: the script
 then exits 143, so the operator resumes it from that file.
 """
@@ -46,7 +47,7 @@ from tinytask import log_step, make_dataset, make_model, parse_args, save_final
 from torch import nn
 from torch.utils.data import DataLoader, Sampler
 
-from trainingrun import lightning as tr
+from trainingrun.integrations import lightning as tr
 
 
 class EpochSampler(Sampler[int]):

@@ -1,4 +1,4 @@
-"""Generates operator/trainingrun/podtemplate.schema.json: the structural schema of a Kubernetes
+"""Generates operator/trainingrun/api/podtemplate.schema.json: the structural schema of a Kubernetes
 PodTemplateSpec, as controller-gen would write it for a Go field of that type, from the OpenAPI v3
 document of core/v1 in the Kubernetes release the project builds (k8s.io/kubernetes in
 hack/k8s/go.mod, read from the Go module cache).
@@ -39,7 +39,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 GO_MOD = REPO / "hack" / "k8s" / "go.mod"
-DATA_FILE = REPO / "operator" / "trainingrun" / "podtemplate.schema.json"
+DATA_FILE = REPO / "operator" / "trainingrun" / "api" / "podtemplate.schema.json"
 MODULE = "k8s.io/kubernetes"
 SOURCE = "api/openapi-spec/v3/api__v1_openapi.json"
 

@@ -58,7 +58,7 @@ from tests.integration.support import (
     trainingrun,
 )
 from trainingrun import api
-from trainingrun.settings import OperatorSettings
+from trainingrun.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Operator: failed attempt to replacement pod"

@@ -9,7 +9,7 @@ the same:
 - upload: ``Sync.upload_checkpoint`` of a sidecar started beforehand (``Sync.start``), into a run
   that already holds ``keep`` committed checkpoints, so that every commit is a steady-state one:
   retention drops the oldest entry and deletes its objects;
-- restore: ``trainingrun.restore.restore`` of the step that version just committed.
+- restore: ``trainingrun.agent.restore.restore`` of the step that version just committed.
 
 Two checkpoints: a large one shaped like a HuggingFace Trainer's (``bench_transfer.shape``), and a
 small one (20 files of 1 MiB) where the per-checkpoint requests of the protocol (the manifest
@@ -54,11 +54,18 @@ from typing import Any
 import trainingrun
 from tests import localenv
 from tests.benchutil import cpu_seconds, publish
-from trainingrun.local import scan
-from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Credentials, Location, S3Store, StorageError, Store, make_client
-from trainingrun.sync import Sync, SyncSettings
-from trainingrun.transfer import MiB, TransferSettings
+from trainingrun.agent.restore import RestoreSettings, restore
+from trainingrun.agent.sync import Sync, SyncSettings
+from trainingrun.agent.transfer import MiB, TransferSettings
+from trainingrun.checkpoint.local import scan
+from trainingrun.storage.opener import (
+    Credentials,
+    Location,
+    S3Store,
+    StorageError,
+    Store,
+    make_client,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Commit protocol v1 against v2: sync and restore"

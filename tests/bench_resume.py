@@ -4,16 +4,16 @@ download of the same checkpoint.
 The whole chain runs on the local environment: the operator creates the attempt's pod, a local
 pod runner node runs its containers as processes (the restore init container, the sync sidecar,
 and the trainer, ``examples/finetune.py``: a tiny GPT-2 trained with the HuggingFace Trainer and
-``trainingrun.hf``). The time to resume is from the moment the pod is first seen in a watch to
-the end of the trainer's first training step after resuming.
+``trainingrun.integrations.hf``). The time to resume is from the moment the pod is first seen
+in a watch to the end of the trainer's first training step after resuming.
 
 The checkpoint: a seed run of the example trains 20 steps and its sidecar commits
 checkpoint-10; the bench restores that checkpoint to local disk (the product's restore) and adds
 one file of pseudo-random bytes the Trainer ignores (``padding.bin``) up to ``--size-gib``. Each
 round commits that folder to the storage of a new run name with the sidecar's own upload and
-commit (``trainingrun.sync.Sync`` as a sync started by hand, which takes the run's fence), then
-creates a TrainingRun of that name: its first attempt resumes from the committed checkpoint
-(checkpoints belong to the run's name, docs/concepts.md), so its restore moves the whole
+commit (``trainingrun.agent.sync.Sync`` as a sync started by hand, which takes the run's
+fence), then creates a TrainingRun of that name: its first attempt resumes from the committed
+checkpoint (checkpoints belong to the run's name, docs/concepts.md), so its restore moves the whole
 checkpoint, verified. Every round resumes one run of each ``spec.checkpoint.restoreMode``:
 BeforeTrainer (the restore before the trainer starts) and AlongsideTrainer (the restore beside
 the trainer, which waits for it once its imports are done).
@@ -24,7 +24,7 @@ Where each moment comes from (all wall clock of this machine, millisecond precis
 - restore container started and exited, sync sidecar and trainer started: the pod runner's
   log (it logs each container's start as it spawns the process);
 - download begins, restored and verified: the restore's own log lines (and its own figure);
-- training begins: the first write of the progress file ``trainingrun.hf`` keeps in the
+- training begins: the first write of the progress file ``trainingrun.integrations.hf`` keeps in the
   checkpoint folder (``on_train_begin``: after the imports, the model build and the checkpoint
   load), its mtime; first step: the write of step resume + 1 (``on_step_end``), its mtime. The
   file is polled every 5 ms and read with its mtime from one open file.
@@ -81,18 +81,20 @@ from tests.podrunner import (
     running_runner,
     start_runner,
 )
-from trainingrun import api, local
+from trainingrun import api
+from trainingrun.agent.restore import RestoreSettings, restore
+from trainingrun.agent.sync import Sync, SyncSettings
+from trainingrun.agent.transfer import MiB, TransferSettings
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.manifest import RUN_MANIFEST, parse_run_manifest
 from trainingrun.contract import (
     CHECKPOINT_VOLUME,
     RESTORE_CONTAINER,
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
+    checkpoint_dirname,
 )
-from trainingrun.manifest import RUN_MANIFEST, checkpoint_dirname, parse_run_manifest
-from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
-from trainingrun.sync import Sync, SyncSettings
-from trainingrun.transfer import MiB, TransferSettings
+from trainingrun.storage.opener import Credentials, Location, S3Store, Store, make_client
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Time to resume from a 2 GiB checkpoint"
@@ -173,7 +175,7 @@ IMPORTS = (
 _STAMP = r"(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3})"
 # tests.podrunner's log: "<asctime> podrunner.pod INFO pod <ns>/<pod>: <message>"
 RUNNER_LINE = re.compile(_STAMP + r" \S+ INFO pod (\S+): (.+)")
-# The restore's log: "<asctime> INFO trainingrun.restore: <message>"
+# The restore's log: "<asctime> INFO trainingrun.agent.restore: <message>"
 RESTORE_LINE = re.compile(_STAMP + r" INFO trainingrun\.restore: (.+)")
 RESTORED = re.compile(r"restored and verified: \d+ files, .+ in ([0-9.]+) s")
 
@@ -828,16 +830,18 @@ def report(result: Result, command: str) -> tuple[str, bool]:
         "runner running the pod's containers as local processes)",
         "",
         f"A TrainingRun of `examples/finetune.py` (tiny GPT-2, HuggingFace Trainer, "
-        f"`trainingrun.hf`) resumes at its first attempt from a committed checkpoint-"
+        f"`trainingrun.integrations.hf`) resumes at its first attempt from a committed checkpoint-"
         f"{RESUME_STEP} of {result.gib:.2f} GiB in {result.files} files: the files a seed run's "
         f"trainer saved, plus `{PADDING}` the Trainer ignores, committed with the sidecar's own "
         "upload. Each round resumes two runs, one per `spec.checkpoint.restoreMode`: "
         f"`{BEFORE}` (the restore is an init container; the trainer starts once it exited) and "
-        f"`{ALONGSIDE}` (the restore is a container beside the trainer; `trainingrun.hf` waits "
+        f"`{ALONGSIDE}` (the restore is a container beside the trainer; "
+        "`trainingrun.integrations.hf` waits "
         "for its outcome before it loads the checkpoint). Time to resume: from the pod's first "
         "event in a watch to the end of the trainer's first step after resuming (the progress "
-        "file `trainingrun.hf` writes at each step end). Other moments: the pod runner's log "
-        "(container starts, the restore's exit), the restore's log lines, `trainingrun.hf`'s "
+        "file `trainingrun.integrations.hf` writes at each step end). Other moments: the pod "
+        "runner's log (container starts, the restore's exit), the restore's log lines, "
+        "`trainingrun.integrations.hf`'s "
         f"first progress write. Medians of {result.rounds} round(s); each round alternates the "
         "two resumes with the plain downloads of the same objects (the order shuffled, seeded), "
         "dirty pages flushed before each.",
@@ -883,7 +887,8 @@ def report(result: Result, command: str) -> tuple[str, bool]:
         f"- {BEFORE}: the trainer's start-up, "
         + ("n/a" if startup is None else f"{startup:.2f} s")
         + " (imports, model build, checkpoint load), is serial after the download; a fresh "
-        "interpreter importing what the trainer imports (torch, transformers, trainingrun.hf) "
+        "interpreter importing what the trainer imports (torch, transformers, "
+        "trainingrun.integrations.hf) "
         f"alone takes {statistics.median(result.imports):.2f} s here, so even with the two "
         f"fully overlapped the time to resume is at least that much",
     ]

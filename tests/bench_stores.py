@@ -74,10 +74,10 @@ from tests.bench_transfer import (
 )
 from tests.benchutil import cpu_seconds, shuffled
 from tests.integration.agents import make_checkpoint
-from trainingrun import local
-from trainingrun.manifest import checkpoint_dirname
-from trainingrun.storage import Location, Store, open_location, parse_uri
-from trainingrun.transfer import MiB
+from trainingrun.agent.transfer import MiB
+from trainingrun.checkpoint import local
+from trainingrun.contract import checkpoint_dirname
+from trainingrun.storage.opener import Location, Store, open_location, parse_uri
 
 try:  # azure-core's own adapter (larger socket reads); private, so plain requests without it
     from azure.core.pipeline.transport._bigger_block_size_http_adapters import (

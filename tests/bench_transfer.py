@@ -88,18 +88,18 @@ from s3transfer.crt import BotocoreCRTRequestSerializer, CRTTransferManager, cre
 from tests import localenv
 from tests.benchutil import page_reporting_held, publish, shuffled
 from tests.integration.agents import S3, make_checkpoint
-from trainingrun import local
-from trainingrun.local import scan
-from trainingrun.manifest import (
+from trainingrun.agent.restore import RestoreSettings, restore
+from trainingrun.agent.sync import Sync, SyncSettings
+from trainingrun.agent.transfer import MiB, TransferSettings
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.local import scan
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     CheckpointManifest,
     checkpoint_dirname,
     listing_problems,
 )
-from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
-from trainingrun.sync import Sync, SyncSettings
-from trainingrun.transfer import MiB, TransferSettings
+from trainingrun.storage.opener import Credentials, Location, S3Store, Store, make_client
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Checkpoint upload and restore against s5cmd, rclone, boto3 and the CRT"

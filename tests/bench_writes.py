@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from tests.benchutil import publish
-from trainingrun.local import WRITE_BLOCK
+from trainingrun.checkpoint.local import WRITE_BLOCK
 
 SECTION = "## The restore's write size"
 KiB = 1 << 10

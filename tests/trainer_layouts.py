@@ -1,6 +1,7 @@
 """Checkpoint saves as each framework's own source writes them, step by step, for the layout
 tests: the files, in the order the library writes them, with its temporary names, renames,
-symlinks and markers (the source of each fact is cited in trainingrun.layouts). A save killed
+symlinks and markers (the source of each fact is cited in trainingrun.checkpoint.layouts). A save
+killed
 half-way is any strict prefix of its operations.
 
 Each ``Save`` also says what the layout rule must make of the whole save: the step, the files a

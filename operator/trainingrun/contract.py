@@ -8,6 +8,7 @@ Pure constants and two time helpers; this module imports nothing of the package.
 
 from __future__ import annotations
 
+import re
 import signal
 from datetime import UTC, datetime
 
@@ -26,6 +27,32 @@ PODINFO_ANNOTATIONS = "annotations"
 # The most pods one attempt may have (spec.replicas), and so the most ranks, each a part of a
 # checkpoint, that a reader of the bucket manifest accepts.
 MAX_REPLICAS = 1024
+
+# -- checkpoints ------------------------------------------------------------------------------
+
+# A user's own layout (spec.checkpoint.pattern): by default a checkpoint's step is the last
+# number in its path.
+DEFAULT_STEP_PATTERN = r"(\d+)(?!.*\d)"
+
+
+def pattern_problem(glob: str, step: str) -> str | None:
+    """Why a user's own layout (``spec.checkpoint.pattern``) cannot work, or None: checked by
+    the API at admission and by the agent that reads the pattern."""
+    try:
+        compiled = re.compile(step)
+    except re.error as e:
+        return f"checkpoint.pattern.step {step!r} is not a regular expression: {e}"
+    if compiled.groups < 1:
+        return f"checkpoint.pattern.step {step!r} needs a group, e.g. 'step_(\\d+)'"
+    if not glob.strip("/*"):
+        return f"checkpoint.pattern.glob {glob!r} matches everything; name the folders"
+    return None
+
+
+def checkpoint_dirname(step: int) -> str:
+    """The folder of the checkpoint of ``step``: in the bucket, and where the restore puts it."""
+    return f"checkpoint-{step}"
+
 
 # -- labels and annotations -------------------------------------------------------------------
 
@@ -83,7 +110,8 @@ ENV_RESTORE_STEP = "TRAININGRUN_RESTORE_STEP"
 # spec.checkpoint.sizeLimit as written (a quantity), set only when the field is: the restore
 # checks that the checkpoint fits under it before it downloads.
 ENV_SIZE_LIMIT = "TRAININGRUN_SIZE_LIMIT"
-# The fence the attempt holds (trainingrun.protocol): the sidecar writes and commits as it.
+# The fence the attempt holds (trainingrun.checkpoint.protocol): the sidecar writes and commits as
+# it.
 ENV_EPOCH = "TRAININGRUN_EPOCH"
 # Which part of each checkpoint the sidecar writes, and of how many (1 for one pod an attempt).
 ENV_RANK = "TRAININGRUN_RANK"

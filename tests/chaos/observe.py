@@ -16,6 +16,7 @@ from typing import Any
 from kubernetes import client, watch
 
 from trainingrun import api
+from trainingrun.checkpoint.manifest import parse_run_manifest
 from trainingrun.contract import (
     ANNOTATION_RESUME_STEP,
     LABEL_ATTEMPT,
@@ -24,7 +25,6 @@ from trainingrun.contract import (
     RESTORE_CONTAINER,
     TRAINER_CONTAINER,
 )
-from trainingrun.manifest import parse_run_manifest
 
 # Each invariant, as the report names it.
 INVARIANTS = {

@@ -34,7 +34,7 @@ from tests.integration.support import (
 )
 from tests.podrunner import RunnerHandle, start_runner
 from trainingrun import api
-from trainingrun.manifest import parse_run_manifest
+from trainingrun.checkpoint.manifest import parse_run_manifest
 
 REPO = Path(__file__).resolve().parents[2]
 BUDGET_REASONS = {"RestartBudgetExhausted", "CrashLoop", "PreemptionBudgetExhausted"}

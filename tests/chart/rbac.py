@@ -2,8 +2,10 @@
 chart's RBAC is checked against these tables by the render tests (tests/chart) and against a real
 API server by a SubjectAccessReview (tests/integration/test_chart.py).
 
-The application entries are every call in ``trainingrun/kube.py`` plus the kopf watches that
-``trainingrun/handlers.py`` registers; the framework entries are what kopf needs to discover
+The application entries are every call in ``trainingrun/operator/kube.py`` plus the kopf watches
+that
+``trainingrun/operator/handlers.py`` registers; the framework entries are what kopf needs to
+discover
 resources and keep its peering keep-alive.
 """
 
@@ -33,7 +35,7 @@ APPLICATION_NAMESPACED: frozenset[Grant] = frozenset(
         ("", "services", "get"),  # Kube.create_service, when it exists
         ("", "secrets", "get"),  # Kube.get_secret_data (credentialsSecret)
         ("", "events", "create"),  # Kube.event
-        (KUEUE, "workloads", "get"),  # Kube.get_object (trainingrun.queues)
+        (KUEUE, "workloads", "get"),  # Kube.get_object (trainingrun.operator.queues)
         (KUEUE, "workloads", "create"),  # Kube.create_object (a queued run's Workload)
         (KUEUE, "workloads", "delete"),  # Kube.delete_object (a Workload of an older template)
         (KUEUE, "workloads/status", "update"),  # Kube.replace_object_status

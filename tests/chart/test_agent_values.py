@@ -10,7 +10,7 @@ from typing import Any
 
 from tests.chart.support import only, template
 from trainingrun.decide.pod import AgentSettings
-from trainingrun.settings import OperatorSettings
+from trainingrun.operator.settings import OperatorSettings
 
 
 def _env(helm: Path, values: dict[str, Any] | None = None) -> dict[str, str]:

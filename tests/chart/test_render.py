@@ -21,7 +21,7 @@ import pytest
 from tests.chart import rbac, readme
 from tests.chart.support import CHART, REPO, grants, helm_run, of_kind, only, template
 from trainingrun.decide.pod import AgentSettings
-from trainingrun.settings import OperatorSettings
+from trainingrun.operator.settings import OperatorSettings
 
 ROLE_KINDS = ("ClusterRole", "Role")
 

@@ -38,7 +38,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from trainingrun import hf, local
+from trainingrun.checkpoint import local
+from trainingrun.integrations import hf
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "finetune.py"
@@ -91,7 +92,8 @@ class Node:
         return {int(r): int(c) for r, c in FAILURE_RE.findall(self.log.read_text())}
 
     def stop(self) -> tuple[str, int, int] | None:
-        """(reason, step, exit code) of the worker's last words, trainingrun.hf's warning."""
+        """(reason, step, exit code) of the worker's last words, trainingrun.integrations.hf's
+        warning."""
         found = STOPPED_RE.findall(self.log.read_text())
         return (found[-1][0], int(found[-1][1]), int(found[-1][2])) if found else None
 

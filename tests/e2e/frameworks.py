@@ -24,6 +24,12 @@ from tests.e2e.test_full_chain import node_of, runner_for
 from tests.integration.support import Runs, trainingrun, wait_for
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
+from trainingrun.checkpoint.manifest import (
+    CHECKPOINT_MANIFEST,
+    RUN_MANIFEST,
+    RunManifest,
+    parse_run_manifest,
+)
 from trainingrun.contract import (
     CHECKPOINT_VOLUME,
     ENV_CHECKPOINT_DIR,
@@ -32,7 +38,6 @@ from trainingrun.contract import (
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
 )
-from trainingrun.manifest import CHECKPOINT_MANIFEST, RUN_MANIFEST, RunManifest, parse_run_manifest
 
 FRAMEWORKS = ("lightning", "composer")
 # Every run of the examples in these tests, and the uninterrupted reference they must match.

@@ -37,8 +37,8 @@ from tests.e2e.tenancy import (
 from tests.integration.support import Runs, commit_checkpoint
 from tests.localenv import LocalEnv
 from trainingrun import api
+from trainingrun.checkpoint.manifest import RUN_MANIFEST, RUN_MANIFEST_MAX_BYTES
 from trainingrun.contract import CHECKPOINT_VOLUME
-from trainingrun.manifest import RUN_MANIFEST, RUN_MANIFEST_MAX_BYTES
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The Lightning and Composer integrations (``trainingrun.lightning``, ``trainingrun.composer``)
+"""The Lightning and Composer integrations (``trainingrun.integrations.lightning``,
+``trainingrun.integrations.composer``)
 with the real libraries, in their stacks' virtualenvs, as plain local processes (no cluster).
 
 A run asked to stop between two saves (SIGTERM, or the sidecar's save-now request) saves the step
@@ -33,7 +34,7 @@ from tests.e2e.frameworks import (
     stack_python,
 )
 from tests.e2e.test_trainer_resume import RUN_TIMEOUT, SEED, finish, stop_step
-from trainingrun import local
+from trainingrun.checkpoint import local
 from trainingrun.contract import EXIT_STOPPED
 
 # stop_step and finish are the HF Trainer tests': their MAX_STEPS and SAVE_STEPS are these.
@@ -157,7 +158,7 @@ def data(n):
 
 LISTED_BEFORE = """
 from lightning.pytorch.callbacks import ModelCheckpoint
-from trainingrun.lightning import TrainingRunCallback
+from trainingrun.integrations.lightning import TrainingRunCallback
 
 trainer = pl.Trainer(
     max_steps=1, logger=False, enable_progress_bar=False, enable_model_summary=False,
@@ -169,7 +170,7 @@ trainer.fit(M(), data(4))
 # A SIGTERM at step 3 lands after TrainingRunCallback's stop check of that batch end and before
 # Lightning's own check.
 SIGTERM_AFTER_THE_CHECK = """
-from trainingrun import lightning as tr
+from trainingrun.integrations import lightning as tr
 
 trainer = pl.Trainer(
     max_steps=10, logger=False, enable_progress_bar=False, enable_model_summary=False,

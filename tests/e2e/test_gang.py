@@ -37,7 +37,7 @@ from tests.integration.support import (
 )
 from tests.localenv import LocalEnv
 from tests.podrunner import RunnerHandle
-from trainingrun.manifest import parse_run_manifest
+from trainingrun.checkpoint.manifest import parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
 

@@ -138,7 +138,7 @@ def test_a_queue_label_without_kueue_installed_says_so(
     body["metadata"]["labels"] = {QUEUE_LABEL: "team-a"}
     runs.create(body)
 
-    # The operator trusts its last look at the API for 30 s (trainingrun.queues).
+    # The operator trusts its last look at the API for 30 s (trainingrun.operator.queues).
     status = runs.wait_status(
         "nokueue", lambda s: s.get("reason") == "KueueNotInstalled", 90, "KueueNotInstalled"
     )

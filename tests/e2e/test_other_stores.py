@@ -23,7 +23,7 @@ from tests.integration.support import OperatorProcess, Runs, evict, read_committ
 from tests.localenv import LocalEnv
 from tests.minio import Minio
 from tests.podrunner import RunnerHandle
-from trainingrun.manifest import parse_run_manifest
+from trainingrun.checkpoint.manifest import parse_run_manifest
 
 pytestmark = pytest.mark.usefixtures("operator")
 

@@ -39,11 +39,11 @@ from tests.integration.support import (
 )
 from tests.localenv import LocalEnv, s3_client
 from tests.podrunner import RunnerHandle
-from trainingrun import checksum
+from trainingrun.checkpoint.local import COMPLETE_MARKER
+from trainingrun.checkpoint.manifest import ManifestEntry, RunManifest, parse_run_manifest
 from trainingrun.contract import CHECKPOINT_VOLUME, SYNC_CONTAINER, TRAINER_CONTAINER
 from trainingrun.decide import reasons as R
-from trainingrun.local import COMPLETE_MARKER
-from trainingrun.manifest import ManifestEntry, RunManifest, parse_run_manifest
+from trainingrun.storage import checksum
 
 pytestmark = pytest.mark.usefixtures("operator")
 

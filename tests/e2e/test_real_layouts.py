@@ -54,8 +54,8 @@ from tests.localenv import free_ports
 from tests.trainer_layouts import Op, apply
 from tests.trainer_layouts import deepspeed as deepspeed_layout
 from tests.trainer_layouts import mindformers as mindformers_layout
-from trainingrun import local
-from trainingrun.layouts import Proof
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.layouts import Proof
 
 SAVERS = Path(__file__).resolve().parents[1] / "layout_savers"
 RUN_TIMEOUT_S = 300

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun import local
+from trainingrun.checkpoint import local
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "finetune.py"

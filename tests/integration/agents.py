@@ -19,8 +19,8 @@ from typing import Any
 from tests import localenv
 from tests.integration.stores import Bucket
 from tests.integration.support import wait_for
-from trainingrun import local
-from trainingrun.manifest import checkpoint_dirname
+from trainingrun.checkpoint import local
+from trainingrun.contract import checkpoint_dirname
 
 BIN = Path(sys.executable).parent
 

@@ -15,7 +15,7 @@ from tests import localenv
 from tests.integration.support import wait_for
 from tests.minio import REGION, Minio
 from trainingrun.contract import ENV_STORAGE_ENDPOINT
-from trainingrun.storage import Location, Store, open_location, parse_uri
+from trainingrun.storage.opener import Location, Store, open_location, parse_uri
 
 # Variables of the machine an agent must not inherit: each store's own credential chain.
 _FOREIGN = ("AWS_", "TRAININGRUN_", "GOOGLE_", "AZURE_", "STORAGE_EMULATOR_HOST")

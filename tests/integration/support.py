@@ -23,7 +23,7 @@ from kubernetes import client
 
 from tests.localenv import LocalEnv
 from trainingrun import api
-from trainingrun.manifest import (
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
     RUN_MANIFEST,
@@ -34,7 +34,7 @@ from trainingrun.manifest import (
     checkpoint_prefix,
     parse_run_manifest,
 )
-from trainingrun.storage import S3Store, Store
+from trainingrun.storage.opener import S3Store, Store
 
 T = TypeVar("T")
 
@@ -404,7 +404,7 @@ def mark_unknown(core: Any, node: str) -> None:
 @dataclass(frozen=True)
 class CommittedFile:
     """Where a committed file's bytes are: its own object, or the pack that holds it (a
-    part's small files are packed, trainingrun.packs)."""
+    part's small files are packed, trainingrun.agent.packs)."""
 
     key: str
     offset: int

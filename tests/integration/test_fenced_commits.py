@@ -25,8 +25,8 @@ from tests.integration.agents import (
     wait_log,
 )
 from tests.integration.support import wait_for
-from trainingrun.commit import take_fence
-from trainingrun.storage import Credentials, Location, S3Store, Store, make_client
+from trainingrun.checkpoint.commit import take_fence
+from trainingrun.storage.opener import Credentials, Location, S3Store, Store, make_client
 
 MiB = 1 << 20
 

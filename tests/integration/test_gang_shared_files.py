@@ -20,10 +20,10 @@ from tests.integration.agents import (
     run_restore,
     wait_committed,
 )
-from trainingrun import local
-from trainingrun.commit import take_fence
-from trainingrun.manifest import PACK_DIR
-from trainingrun.storage import Credentials, Location, S3Store, make_client
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.commit import take_fence
+from trainingrun.checkpoint.manifest import PACK_DIR
+from trainingrun.storage.opener import Credentials, Location, S3Store, make_client
 
 MiB = 1 << 20
 STEP = 10

@@ -1,4 +1,5 @@
-"""The Kubernetes wrapper (trainingrun.kube) against the real API server: raw answers are read to
+"""The Kubernetes wrapper (trainingrun.operator.kube) against the real API server: raw answers are
+read to
 the end before their connection goes back to the pool, so the call after a DELETE on the same
 connection gets its own answer (an unread DELETE reply was once read as the next create's)."""
 
@@ -9,7 +10,7 @@ import uuid
 from typing import Any
 
 from tests.localenv import LocalEnv
-from trainingrun.kube import Kube, load_config
+from trainingrun.operator.kube import Kube, load_config
 
 
 def _pod(namespace: str, name: str) -> dict[str, Any]:

@@ -24,9 +24,9 @@ import pytest
 
 from tests import localenv as localenv_mod
 from tests.integration.agents import S3, SyncProcess, agent_env, make_checkpoint, wait_committed
-from trainingrun.committed import choose_checkpoint
-from trainingrun.manifest import RUN_MANIFEST
-from trainingrun.storage import (
+from trainingrun.checkpoint.lookup import choose_checkpoint
+from trainingrun.checkpoint.manifest import RUN_MANIFEST
+from trainingrun.storage.opener import (
     BucketNotFound,
     Credentials,
     Location,

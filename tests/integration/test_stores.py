@@ -33,10 +33,10 @@ from tests.integration.stores import Bucket
 from tests.integration.support import commit_checkpoint_to, wait_for
 from tests.integration.test_sync_restore import same_tree
 from tests.localenv import LocalEnv
-from trainingrun.checksum import CRC32C
-from trainingrun.commit import Capabilities, Committer, take_fence
+from trainingrun.checkpoint.commit import Capabilities, Committer, take_fence
+from trainingrun.checkpoint.manifest import MANIFEST_VERSION, PACK_DIR, CheckpointManifest
 from trainingrun.contract import EXIT_CHECKPOINT_BAD
-from trainingrun.manifest import MANIFEST_VERSION, PACK_DIR, CheckpointManifest
+from trainingrun.storage.checksum import CRC32C
 
 MiB = 1 << 20
 # Where the first attempt's sidecar uploads checkpoint-40's large file, relative to the run.

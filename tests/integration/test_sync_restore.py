@@ -32,10 +32,10 @@ from tests.integration.agents import (
 )
 from tests.integration.support import wait_for
 from tests.localenv import free_ports
-from trainingrun import local
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.manifest import PACK_DIR
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
-from trainingrun.manifest import PACK_DIR
-from trainingrun.s3store import READ_BLOCK, S3Store, _socket_reader
+from trainingrun.storage.s3.store import READ_BLOCK, S3Store, _socket_reader
 
 MiB = 1 << 20
 HF_LIKE = {

@@ -10,7 +10,8 @@ Covers:
   ``TRAININGRUN_ACCESS_DENIED_SECONDS`` of nothing but access denied the sidecar exits 1, its
   termination message saying that checkpoints are not being committed, without the secret.
 
-Both need ``trainingrun sync`` (cli.py) to install ``trainingrun.stopsignal`` first thing and to
+Both need ``trainingrun sync`` (cli.py) to install ``trainingrun.agent.stopsignal`` first thing and
+to
 read the sidecar's new settings from its environment: strict xfail until it does, so that the
 wiring shows up as an unexpected pass to remove the marker.
 """

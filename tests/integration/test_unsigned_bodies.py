@@ -15,9 +15,9 @@ import pytest
 
 from tests import localenv as localenv_mod
 from tests.integration.stores import Bucket
-from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.s3store import S3Store
-from trainingrun.storebase import StorageError
+from trainingrun.storage.base import StorageError
+from trainingrun.storage.checksum import CRC64NVME, digest
+from trainingrun.storage.s3.store import S3Store
 
 
 @pytest.fixture

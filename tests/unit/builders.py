@@ -29,6 +29,7 @@ from trainingrun.api import (
     TrainingRunSpec,
     TrainingRunStatus,
 )
+from trainingrun.checkpoint.manifest import checkpoint_prefix
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
     RESTORE_CONTAINER,
@@ -38,7 +39,6 @@ from trainingrun.contract import (
 from trainingrun.decide.hold import Queue
 from trainingrun.decide.pod import RunRef, run_prefix
 from trainingrun.decide.reconcile import Observed
-from trainingrun.manifest import checkpoint_prefix
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 NAMESPACE = "ml"

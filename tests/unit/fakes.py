@@ -1,5 +1,6 @@
 """In-memory fakes of the operator's two outside systems, for unit tests of the reconciler:
-``FakeKube`` plays ``trainingrun.kube.Kube`` (runs, pods, nodes, Secrets, Events, with 409 on a
+``FakeKube`` plays ``trainingrun.operator.kube.Kube`` (runs, pods, nodes, Secrets, Events, with 409
+on a
 second create and merge-patch status writes), ``FakeBucket`` plays the object store a run's
 manifest and checkpoints live in. ``Clock`` is the wall clock and the monotonic clock at once.
 """
@@ -21,11 +22,7 @@ from moto import mock_aws
 
 from tests.unit.builders import T0
 from trainingrun.api import StorageSpec
-from trainingrun.checksum import CRC64NVME, Algorithm, digest
-from trainingrun.contract import rfc3339
-from trainingrun.kube import ApiError
-from trainingrun.kubeconn import Connection, RestClient
-from trainingrun.manifest import (
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     RUN_MANIFEST,
     Layout,
@@ -34,7 +31,11 @@ from trainingrun.manifest import (
     checkpoint_prefix,
     parse_run_manifest,
 )
-from trainingrun.storage import (
+from trainingrun.contract import rfc3339
+from trainingrun.operator.kube import ApiError
+from trainingrun.operator.kubeconn import Connection, RestClient
+from trainingrun.storage.checksum import CRC64NVME, Algorithm, digest
+from trainingrun.storage.opener import (
     Credentials,
     Location,
     NotFound,

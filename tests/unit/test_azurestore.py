@@ -1,4 +1,5 @@
-"""The pure parts of the Azure store (trainingrun.azurestore); the calls themselves run against
+"""The pure parts of the Azure store (trainingrun.storage.azure.store); the calls themselves run
+against
 Azurite (tests/azurite.py).
 
 Covers:
@@ -42,9 +43,16 @@ from azure.core.exceptions import (
 from azure.identity import CredentialUnavailableError, DefaultAzureCredential
 from azure.storage.blob import StorageErrorCode
 
-from trainingrun import azurestore, checksum
-from trainingrun.azurestore import _SentCrc, block_id, credential, parse_block_id, translate
-from trainingrun.storebase import (
+from trainingrun.storage import checksum
+from trainingrun.storage.azure import store as azurestore
+from trainingrun.storage.azure.store import (
+    _SentCrc,
+    block_id,
+    credential,
+    parse_block_id,
+    translate,
+)
+from trainingrun.storage.base import (
     BucketNotFound,
     CallBudget,
     ChecksumMismatch,

@@ -1,4 +1,4 @@
-"""A node's disk short for a moment is not a run's end (``trainingrun.restore``, then
+"""A node's disk short for a moment is not a run's end (``trainingrun.agent.restore``, then
 ``decide.classify`` and ``decide.policy`` on what it said).
 
 Covers:
@@ -29,13 +29,13 @@ import pytest
 
 from tests.unit.builders import make_node, make_run, pod_from, restart_policy
 from tests.unit.fakes import FakeBucket
+from trainingrun.agent.restore import Metrics, RestoreSettings, main
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
 from trainingrun.contract import EXIT_INSUFFICIENT_DISK
 from trainingrun.decide.classify import End, Outcome, classify
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.policy import Action, Counters, decide
-from trainingrun.restore import Metrics, RestoreSettings, main
-from trainingrun.storage import Location, Store
+from trainingrun.storage.opener import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP = 120

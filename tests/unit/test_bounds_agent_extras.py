@@ -1,4 +1,4 @@
-"""A layout's extra files against the checkpoint's own (``trainingrun.restore``).
+"""A layout's extra files against the checkpoint's own (``trainingrun.agent.restore``).
 
 Covers: an extra file (a pointer the restore writes beside a checkpoint, such as DeepSpeed's
 ``latest``) whose name is also a checkpoint file's is not written: the verified file stays as
@@ -15,10 +15,10 @@ from typing import cast
 import pytest
 
 from tests.unit.fakes import FakeBucket
+from trainingrun.agent.restore import Metrics, RestoreSettings, main
+from trainingrun.checkpoint.manifest import Layout
 from trainingrun.contract import EXIT_OK
-from trainingrun.manifest import Layout
-from trainingrun.restore import Metrics, RestoreSettings, main
-from trainingrun.storage import Location, Store
+from trainingrun.storage.opener import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP = 50
@@ -45,7 +45,7 @@ def test_an_extra_named_like_a_checkpoint_file_does_not_overwrite_it(
     layout = Layout(format="deepspeed", base=base, resume=base, extras=extras)
     store.commit(RUN, STEP, files=files, layout=layout)
 
-    with caplog.at_level(logging.WARNING, logger="trainingrun.restore"):
+    with caplog.at_level(logging.WARNING, logger="trainingrun.agent.restore"):
         code, folder = _restore(store, tmp_path)
 
     assert code == EXIT_OK

@@ -23,14 +23,14 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import moto_s3
-from trainingrun import commit, local
-from trainingrun.checksum import CRC64NVME
-from trainingrun.committed import read_run_manifest
-from trainingrun.contract import EXIT_ERROR
-from trainingrun.manifest import RUN_MANIFEST, checkpoint_dirname
-from trainingrun.storage import Location, S3Store, StorageRejected, Store
-from trainingrun.sync import Sync
-from trainingrun.syncsupport import SyncSettings
+from trainingrun.agent.sidecar import SyncSettings
+from trainingrun.agent.sync import Sync
+from trainingrun.checkpoint import commit, local
+from trainingrun.checkpoint.lookup import read_run_manifest
+from trainingrun.checkpoint.manifest import RUN_MANIFEST
+from trainingrun.contract import EXIT_ERROR, checkpoint_dirname
+from trainingrun.storage.checksum import CRC64NVME
+from trainingrun.storage.opener import Location, S3Store, StorageRejected, Store
 
 BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")

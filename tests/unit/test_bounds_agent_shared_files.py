@@ -1,4 +1,4 @@
-"""A gang whose ranks wrote the same small file (``trainingrun.restore`` over packs).
+"""A gang whose ranks wrote the same small file (``trainingrun.agent.restore`` over packs).
 
 Covers: two ranks that both wrote ``config.json`` with the same bytes (``save_on_each_node``)
 beside a small file of their own, each rank's small files packed into one object as the sidecar
@@ -17,9 +17,9 @@ from typing import cast
 import pytest
 
 from tests.unit.fakes import DictStore
-from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_OK
-from trainingrun.manifest import (
+from trainingrun.agent.packs import Splitter, Target, gather, plan
+from trainingrun.agent.restore import Metrics, RestoreSettings, main
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     PACKED_VERSION,
     RUN_MANIFEST,
@@ -30,9 +30,9 @@ from trainingrun.manifest import (
     epoch_prefix,
     part_prefix,
 )
-from trainingrun.packs import Splitter, Target, gather, plan
-from trainingrun.restore import Metrics, RestoreSettings, main
-from trainingrun.storage import Location, Store
+from trainingrun.contract import EXIT_CHECKPOINT_BAD, EXIT_OK
+from trainingrun.storage.checksum import CRC64NVME, digest
+from trainingrun.storage.opener import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP, EPOCH = 40, 2

@@ -1,4 +1,5 @@
-"""The operator's Event queue (``trainingrun.events.EventPoster``) is shared by every tenant and
+"""The operator's Event queue (``trainingrun.operator.events.EventPoster``) is shared by every
+tenant and
 fair between namespaces: one namespace flooding it drops its own oldest Events, never another
 namespace's, and the namespaces take turns at the API server; the memory it holds stays bounded
 (at most ``capacity`` Events in all, ``namespace_share`` per namespace, each message cut to the
@@ -11,8 +12,8 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from trainingrun.events import EventPoster
-from trainingrun.opmetrics import OperatorMetrics
+from trainingrun.operator.events import EventPoster
+from trainingrun.operator.metrics import OperatorMetrics
 
 
 class Writer:

@@ -1,4 +1,4 @@
-"""Never two leaders at once (``trainingrun.leader``), whatever the API server's delays:
+"""Never two leaders at once (``trainingrun.operator.leader``), whatever the API server's delays:
 
 - a property test (hypothesis) of two or three replicas, each running the real ``Election``
   (acquire, then keep, then a restart as a new candidate) on one simulated clock, against an
@@ -34,9 +34,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.fakes import loopback_server
-from trainingrun import leader
-from trainingrun.kubeconn import Connection, HttpError, RestClient
-from trainingrun.leader import LEASE, LEASES, Election, LeaseLock, Timing
+from trainingrun.operator import leader
+from trainingrun.operator.kubeconn import Connection, HttpError, RestClient
+from trainingrun.operator.leader import LEASE, LEASES, Election, LeaseLock, Timing
 
 # -- the simulated clock --------------------------------------------------------------------
 

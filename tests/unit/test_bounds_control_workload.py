@@ -1,5 +1,5 @@
 """Kueue's admission is bound to the run and the pod template it was given for
-(``decide.workload``, ``trainingrun.queues``):
+(``decide.workload``, ``trainingrun.operator.queues``):
 
 - a Workload of the run's name whose controller owner is not the run (a deleted run's of the
   same name, anyone else's) is never adopted: the run waits (``WorkloadFailed``, saying why),
@@ -34,8 +34,8 @@ from trainingrun import api
 from trainingrun.contract import TRAINER_CONTAINER
 from trainingrun.decide import reasons as R
 from trainingrun.decide import workload as W
-from trainingrun.kube import Forbidden, Kube
-from trainingrun.kubeconn import HttpError
+from trainingrun.operator.kube import Forbidden, Kube
+from trainingrun.operator.kubeconn import HttpError
 
 NOW = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 UID = "u1"

@@ -13,7 +13,7 @@ import pytest
 from tests.unit.builders import NAMESPACE
 from tests.unit.test_reconciler import World
 from trainingrun.decide import reasons as R
-from trainingrun.storage import StorageUnavailable
+from trainingrun.storage.opener import StorageUnavailable
 
 SECRET = "creds"
 FORGED = "busy\n2026-01-01 00:00:00 INFO trainingrun.operator: all good\x1b[2J"

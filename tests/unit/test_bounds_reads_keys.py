@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from trainingrun.manifest import RunManifest
-from trainingrun.protocol import abortable, key_owner, sweepable
+from trainingrun.checkpoint.manifest import RunManifest
+from trainingrun.checkpoint.protocol import abortable, key_owner, sweepable
 
 HUGE = "9" * 5000
 

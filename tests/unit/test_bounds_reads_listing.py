@@ -22,7 +22,7 @@ from typing import cast
 import pytest
 
 from tests.unit.fakes import FakeBucket
-from trainingrun.committed import (
+from trainingrun.checkpoint.lookup import (
     CHOOSE_SECONDS,
     LISTING_MARGIN,
     ReadsTooSlow,
@@ -30,8 +30,8 @@ from trainingrun.committed import (
     choose_checkpoint,
     read_run_manifest,
 )
-from trainingrun.manifest import checkpoint_prefix
-from trainingrun.storage import Location, StorageUnavailable, Store
+from trainingrun.checkpoint.manifest import checkpoint_prefix
+from trainingrun.storage.opener import Location, StorageUnavailable, Store
 
 RUN = Location("bkt", "runs/ml/r1")
 GUARD = 100_000

@@ -13,10 +13,11 @@ import pytest
 
 from tests.unit.builders import make_run
 from trainingrun.api import StorageSpec
-from trainingrun.capped import ManifestTooNew
-from trainingrun.committed import ReadsTooSlow
-from trainingrun.manifest import RUN_MANIFEST, ManifestError, too_large
-from trainingrun.storage import (
+from trainingrun.checkpoint.capped import ManifestTooNew
+from trainingrun.checkpoint.lookup import ReadsTooSlow
+from trainingrun.checkpoint.manifest import RUN_MANIFEST, ManifestError, too_large
+from trainingrun.operator.buckets import EndpointBusy, public_message
+from trainingrun.storage.opener import (
     BucketNotFound,
     ChecksumMismatch,
     PreconditionFailed,
@@ -26,7 +27,6 @@ from trainingrun.storage import (
     StorageUnavailable,
     TooLarge,
 )
-from trainingrun.stores import EndpointBusy, public_message
 
 # What an endpoint on the operator's network might answer, and a size it might tell.
 TOLD = "internal-admin-token-7f3a"

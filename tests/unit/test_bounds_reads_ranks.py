@@ -25,8 +25,8 @@ from annotated_types import Le
 
 from tests.unit.fakes import DictStore
 from trainingrun.api import TrainingRunSpec
-from trainingrun.committed import choose_checkpoint
-from trainingrun.manifest import (
+from trainingrun.checkpoint.lookup import choose_checkpoint
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MAX_CHECKPOINT_FILES,
     MAX_CHECKPOINT_RECORD_BYTES,
@@ -38,7 +38,7 @@ from trainingrun.manifest import (
     parse_run_manifest,
     part_prefix,
 )
-from trainingrun.storage import Location, Store
+from trainingrun.storage.opener import Location, Store
 
 RUN = Location("bkt", "runs/ml/r1")
 PAGE = os.sysconf("SC_PAGE_SIZE")

@@ -26,9 +26,9 @@ from tests.unit.builders import make_run
 from tests.unit.fakes import FakeKube
 from trainingrun.api import StorageSpec
 from trainingrun.decide.pod import RunRef
-from trainingrun.slots import Addresses
-from trainingrun.storage import Credentials, Store
-from trainingrun.stores import EndpointBusy, RunStores
+from trainingrun.operator.buckets import EndpointBusy, RunStores
+from trainingrun.operator.slots import Addresses
+from trainingrun.storage.opener import Credentials, Store
 
 
 class Names:

@@ -25,11 +25,8 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import NAMESPACE, make_run
 from tests.unit.fakes import Clock, FakeBucket, FakeKube
-from trainingrun import manifest
-from trainingrun.decide import reasons as R
-from trainingrun.decide.pod import run_prefix
-from trainingrun.decide.waits import MIN_RETRY_SECONDS
-from trainingrun.manifest import (
+from trainingrun.checkpoint import manifest
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MAX_FILES,
     PACK_DIR,
@@ -40,11 +37,14 @@ from trainingrun.manifest import (
     parse_checkpoint_manifest,
     parse_run_manifest,
 )
-from trainingrun.opmetrics import OperatorMetrics
-from trainingrun.reconciler import Reconciler
-from trainingrun.settings import OperatorSettings
-from trainingrun.storage import parse_uri
-from trainingrun.stores import START_TRIES, RunStores
+from trainingrun.decide import reasons as R
+from trainingrun.decide.pod import run_prefix
+from trainingrun.decide.waits import MIN_RETRY_SECONDS
+from trainingrun.operator.buckets import START_TRIES, RunStores
+from trainingrun.operator.metrics import OperatorMetrics
+from trainingrun.operator.reconciler import Reconciler
+from trainingrun.operator.settings import OperatorSettings
+from trainingrun.storage.opener import parse_uri
 
 RUN = "r1"
 FILES = {"model.safetensors": b"m" * 7}

@@ -35,7 +35,7 @@ from tests.unit.test_bounds_stores_server import (
     run_all,
     trickled,
 )
-from trainingrun.storage import (
+from trainingrun.storage.opener import (
     OPERATOR_BUDGET,
     PATIENT_BUDGET,
     CallBudget,

@@ -1,4 +1,5 @@
-"""A gs:// run's service-account key file is checked before anything uses it (trainingrun.gcskey).
+"""A gs:// run's service-account key file is checked before anything uses it
+(trainingrun.storage.gcs.key).
 
 With a key file, the client POSTs a signed token request to the file's ``token_uri`` from where
 it runs: in the operator, from the operator's network position. A tenant's key file could name
@@ -27,8 +28,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import rsa
 
 from tests.unit.test_bounds_stores_server import LocalServer, Piece, Request, reply
-from trainingrun.gcsstore import open_gcs
-from trainingrun.storage import (
+from trainingrun.storage.gcs.store import open_gcs
+from trainingrun.storage.opener import (
     OPERATOR_BUDGET,
     CredentialsSecretError,
     Location,
@@ -143,7 +144,7 @@ def test_a_key_file_the_store_does_not_take_is_refused_naming_the_field(
 
 
 def test_a_good_key_file_passes_and_only_its_key_fields_are_read() -> None:
-    from trainingrun.gcskey import key_info  # noqa: PLC0415 - the new module, after the old code
+    from trainingrun.storage.gcs.key import key_info  # noqa: PLC0415 - the new module, after the old code
 
     text = json.dumps(_key_file(trust_boundary={"locations": ["x"]}))
     assert secret_credentials("ns", "creds", {KEY: text}, "gs") == {KEY: text}

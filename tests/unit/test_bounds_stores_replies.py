@@ -1,5 +1,5 @@
 """What an endpoint says reaches neither a run's status nor an Event, and reaches the operator's
-log only escaped (trainingrun.storebase ``escaped``, ``log_text``; the three stores).
+log only escaped (trainingrun.storage.base ``escaped``, ``log_text``; the three stores).
 
 The operator calls a custom endpoint from its own network position; an error message that
 repeated the endpoint's reply (status and Events show the message) gave a tenant a read-back of
@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.unit.test_bounds_stores_server import LocalServer, Piece, Request, reply
-from trainingrun.storage import OPERATOR_BUDGET, Location, StorageError, Store, open_location
+from trainingrun.storage.opener import OPERATOR_BUDGET, Location, StorageError, Store, open_location
 
 MARK = "tenant-readback-7f3a"
 FORGED = "\n2026-01-01 INFO forged"
@@ -114,7 +114,7 @@ def test_the_endpoints_words_reach_the_log_on_one_line_escaped(
     error = _raised(kind, answer, call)
     detail = str(getattr(error, "detail", ""))
     assert "\\n2026-01-01 INFO forged" in detail, repr(detail)
-    log_text = importlib.import_module("trainingrun.storebase").log_text
+    log_text = importlib.import_module("trainingrun.storage.base").log_text
     line = log_text(error)
     assert "\n" not in line and "\r" not in line and "\x1b" not in line
     assert line.startswith(str(error)) and detail in line
@@ -135,5 +135,5 @@ def test_the_endpoints_words_reach_the_log_on_one_line_escaped(
     ],
 )
 def test_escaped_shows_control_characters_and_caps_the_length(text: str, shown: str) -> None:
-    escaped = importlib.import_module("trainingrun.storebase").escaped
+    escaped = importlib.import_module("trainingrun.storage.base").escaped
     assert escaped(text) == shown

@@ -11,8 +11,8 @@ from typing import Any
 
 from tests.unit.builders import NAMESPACE, make_pod
 from tests.unit.fakes import NoApi
-from trainingrun.cache import ClusterView, slim_pod
 from trainingrun.contract import LABEL_ATTEMPT, LABEL_RUN
+from trainingrun.operator.cache import ClusterView, slim_pod
 
 
 def pod(name: str, run: str | None, rv: int = 1, namespace: str = NAMESPACE) -> dict[str, Any]:

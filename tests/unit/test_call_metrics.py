@@ -23,10 +23,10 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import NAMESPACE, make_run
 from tests.unit.fakes import FakeBucket, FakeKube, answer_json, loopback_api_client
-from trainingrun.kube import Kube
-from trainingrun.kubeconn import RestClient
-from trainingrun.opmetrics import OperatorMetrics
-from trainingrun.stores import RunStores
+from trainingrun.operator.buckets import RunStores
+from trainingrun.operator.kube import Kube
+from trainingrun.operator.kubeconn import RestClient
+from trainingrun.operator.metrics import OperatorMetrics
 
 RUN_PATH = "/apis/{group}/{version}/namespaces/{namespace}/trainingruns/{name}"
 

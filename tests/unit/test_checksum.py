@@ -1,4 +1,4 @@
-"""Full-object checksums (trainingrun.checksum).
+"""Full-object checksums (trainingrun.storage.checksum).
 
 Covers:
 
@@ -24,8 +24,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainingrun import checksum
-from trainingrun.checksum import CRC32, CRC32C, CRC64NVME, SHA256, Algorithm
+from trainingrun.storage import checksum
+from trainingrun.storage.checksum import CRC32, CRC32C, CRC64NVME, SHA256, Algorithm
 
 CHECK_INPUT = b"123456789"
 CRCS = [

@@ -46,7 +46,6 @@ import pytest
 
 from tests.unit.builders import RunBuilder, make_node, make_pod, make_run, pod_from
 from trainingrun.api import DEFAULT_NOTICE_TAINTS, RestartPolicySpec
-from trainingrun.cache import slim_pod
 from trainingrun.contract import (
     ANNOTATION_RESUME_STEP,
     EXIT_CHECKPOINT_BAD,
@@ -65,6 +64,7 @@ from trainingrun.decide.classify import (
 )
 from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, resume_of
 from trainingrun.decide.policy import Action, Counters, decide
+from trainingrun.operator.cache import slim_pod
 
 SPOT_TAINT = "aws-node-termination-handler/spot-itn"
 

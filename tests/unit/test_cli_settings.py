@@ -15,7 +15,8 @@ import argparse
 
 import pytest
 
-from trainingrun import cli, restore
+from trainingrun import cli
+from trainingrun.agent import restore
 
 VALID = {
     "TRAININGRUN_STORAGE_URI": "s3://bucket/runs/ml/r1",

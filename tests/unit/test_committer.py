@@ -33,11 +33,10 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import moto_s3
-from trainingrun import commit
-from trainingrun.checksum import CRC64NVME
-from trainingrun.commit import Capabilities, Committer, Outcome, take_fence
-from trainingrun.committed import read_part, read_run_manifest
-from trainingrun.manifest import (
+from trainingrun.checkpoint import commit
+from trainingrun.checkpoint.commit import Capabilities, Committer, Outcome, take_fence
+from trainingrun.checkpoint.lookup import read_part, read_run_manifest
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
     RUN_MANIFEST,
@@ -50,8 +49,9 @@ from trainingrun.manifest import (
     epoch_prefix,
     part_prefix,
 )
-from trainingrun.protocol import Fenced, StaleAttempt
-from trainingrun.storage import (
+from trainingrun.checkpoint.protocol import Fenced, StaleAttempt
+from trainingrun.storage.checksum import CRC64NVME
+from trainingrun.storage.opener import (
     Location,
     PreconditionFailed,
     S3Store,
@@ -106,7 +106,7 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
         else:
             real(seconds)
 
-    monkeypatch.setattr("trainingrun.commit.time.sleep", record)
+    monkeypatch.setattr("trainingrun.checkpoint.commit.time.sleep", record)
     return slept
 
 

@@ -26,7 +26,7 @@ Covers:
   others in the default view;
 - ``docs/api-reference.md`` equals ``apidoc.render()``, and the rendered reference has a section
   per object and a row per field of spec and status, with its default and enum values, and no row
-  with an empty description (checked on ``python -m trainingrun.apidoc``'s output) but below
+  with an empty description (checked on ``python -m trainingrun.api.reference``'s output) but below
   ``spec.template``.
 """
 
@@ -45,7 +45,10 @@ from typing import Any, get_args
 import pytest
 import yaml
 
-from trainingrun import api, apidoc, contract, crd, layouts
+from trainingrun import api, contract
+from trainingrun.api import crd
+from trainingrun.api import reference as apidoc
+from trainingrun.checkpoint import layouts
 
 REPO = Path(__file__).resolve().parents[2]
 CRD_FILE = REPO / "crds" / "trainingrun.yaml"
@@ -500,7 +503,10 @@ def _field_rows(text: str) -> Iterator[tuple[str, list[str]]]:
 
 def test_api_reference_has_no_empty_description() -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "trainingrun.apidoc"], capture_output=True, text=True, check=True
+        [sys.executable, "-m", "trainingrun.api.reference"],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     rows = list(_field_rows(result.stdout))
     # The pod template's generated fields are bare (Kubernetes documents PodTemplateSpec): the

@@ -1,4 +1,5 @@
-"""The restore's ranged downloads (``trainingrun.download``) over an in-memory store and a real
+"""The restore's ranged downloads (``trainingrun.agent.download``) over an in-memory store and a
+real
 folder.
 
 Covers:
@@ -22,10 +23,10 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun import local
-from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.download import RANGES_PER_FILE, Download
-from trainingrun.transfer import Progress, TransferSettings
+from trainingrun.agent.download import RANGES_PER_FILE, Download
+from trainingrun.agent.transfer import Progress, TransferSettings
+from trainingrun.checkpoint import local
+from trainingrun.storage.checksum import CRC64NVME, digest
 
 RANGE = 64 << 10
 

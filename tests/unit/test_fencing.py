@@ -24,14 +24,14 @@ from typing import cast
 import pytest
 
 from tests.unit.fakes import DictStore, moto_s3
-from trainingrun import local
-from trainingrun.checksum import CRC64NVME
-from trainingrun.commit import Capabilities, Committer, take_fence
-from trainingrun.committed import choose_checkpoint, read_run_manifest
-from trainingrun.protocol import Fenced
-from trainingrun.restore import RestoreSettings, restore
-from trainingrun.storage import Location, S3Store, StorageRejected, Store
-from trainingrun.sync import Sync, SyncSettings
+from trainingrun.agent.restore import RestoreSettings, restore
+from trainingrun.agent.sync import Sync, SyncSettings
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.commit import Capabilities, Committer, take_fence
+from trainingrun.checkpoint.lookup import choose_checkpoint, read_run_manifest
+from trainingrun.checkpoint.protocol import Fenced
+from trainingrun.storage.checksum import CRC64NVME
+from trainingrun.storage.opener import Location, S3Store, StorageRejected, Store
 
 BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")

@@ -1,4 +1,4 @@
-"""The GCS store's own decisions, without a server (trainingrun.gcsstore).
+"""The GCS store's own decisions, without a server (trainingrun.storage.gcs.store).
 
 Covers:
 
@@ -31,19 +31,8 @@ from google.api_core import exceptions as gexc
 from google.auth import exceptions as auth_exc
 from google.cloud.storage import exceptions as storage_exc
 
-from trainingrun import checksum
-from trainingrun.gcsstore import (
-    MAX_COMPOSE,
-    GcsStore,
-    _Blocks,
-    compose_plan,
-    open_gcs,
-    parse_piece,
-    part_name,
-    translate,
-    upload_prefix,
-)
-from trainingrun.storebase import (
+from trainingrun.storage import checksum
+from trainingrun.storage.base import (
     OPERATOR_BUDGET,
     BucketNotFound,
     ChecksumMismatch,
@@ -54,6 +43,17 @@ from trainingrun.storebase import (
     StorageMisconfigured,
     StorageRejected,
     StorageUnavailable,
+)
+from trainingrun.storage.gcs.store import (
+    MAX_COMPOSE,
+    GcsStore,
+    _Blocks,
+    compose_plan,
+    open_gcs,
+    parse_piece,
+    part_name,
+    translate,
+    upload_prefix,
 )
 
 WHERE = "gs://bkt/runs/a/model.safetensors"

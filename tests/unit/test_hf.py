@@ -21,8 +21,9 @@ import pytest
 import yaml
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from trainingrun import hf, local
 from trainingrun.api import TrainingRunSpec
+from trainingrun.checkpoint import local
+from trainingrun.integrations import hf
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -290,7 +291,7 @@ def test_sigterm_after_training_ends_the_process_again(tmp_path: Path) -> None:
         f"""
         import os, signal, sys
         from transformers import TrainerControl, TrainerState, TrainingArguments
-        from trainingrun import hf
+        from trainingrun.integrations import hf
         args = TrainingArguments(output_dir={str(tmp_path)!r}, report_to=[], use_cpu=True)
         cb = hf.TrainingRunCallback({str(tmp_path)!r})
         s = TrainerState(global_step=0, max_steps=5)

@@ -1,4 +1,5 @@
-"""trainingrun.hf under torch.distributed: a real 2-process gloo group on CPU (spawned processes,
+"""trainingrun.integrations.hf under torch.distributed: a real 2-process gloo group on CPU (spawned
+processes,
 ``tcp://127.0.0.1:<free port>``, bounded waits), each process driving its own callback through
 the events the Trainer sends, no training. Covers: one rank's SIGTERM or save-now request makes
 both ranks save and stop at the same step (the other one with ``PEER_STOP``), both exit 143;
@@ -25,7 +26,8 @@ import pytest
 import torch.distributed as dist
 from transformers import TrainerControl, TrainerState, TrainingArguments
 
-from trainingrun import hf, local
+from trainingrun.checkpoint import local
+from trainingrun.integrations import hf
 
 WORLD = 2
 MAX_STEPS, SAVE_STEPS = 12, 5

@@ -26,10 +26,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from tests.unit.fakes import DictStore
-from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.commit import Capabilities, Committer, take_fence
-from trainingrun.committed import read_committed, read_run_manifest
-from trainingrun.manifest import (
+from trainingrun.checkpoint.commit import Capabilities, Committer, take_fence
+from trainingrun.checkpoint.lookup import read_committed, read_run_manifest
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
     RUN_MANIFEST,
@@ -40,8 +39,9 @@ from trainingrun.manifest import (
     RunManifest,
     checkpoint_prefix,
 )
-from trainingrun.protocol import Fenced
-from trainingrun.storage import Location, Store
+from trainingrun.checkpoint.protocol import Fenced
+from trainingrun.storage.checksum import CRC64NVME, digest
+from trainingrun.storage.opener import Location, Store
 
 RUN = Location("bucket", "runs/ml/r1")
 UID = "uid-1"

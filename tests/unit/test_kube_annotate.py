@@ -18,9 +18,9 @@ from typing import Any, ClassVar
 import pytest
 
 from tests.unit.fakes import answer_json, loopback_api_client
-from trainingrun import kube
-from trainingrun.kube import Forbidden, Kube
-from trainingrun.kubeconn import HttpError
+from trainingrun.operator import kube
+from trainingrun.operator.kube import Forbidden, Kube
+from trainingrun.operator.kubeconn import HttpError
 
 ANNOTATION = {"trainingrun.dev/preemption-notice": "x"}
 

@@ -1,4 +1,4 @@
-"""Signing in to the API server (trainingrun.kubeconn) and its JSON client.
+"""Signing in to the API server (trainingrun.operator.kubeconn) and its JSON client.
 
 Covers:
 
@@ -31,7 +31,7 @@ import pytest
 import yaml
 
 from tests.unit.fakes import answer_json, loopback_server
-from trainingrun.kubeconn import (
+from trainingrun.operator.kubeconn import (
     TOKEN_REREAD_SECONDS,
     Bearer,
     Connection,
@@ -255,7 +255,7 @@ def test_the_operator_process_never_loads_the_kubernetes_client_library() -> Non
         "import sys\n"
         "from trainingrun import cli\n"
         "cli._keep_out_the_kubernetes_client()\n"
-        "from trainingrun import handlers\n"
+        "from trainingrun.operator import handlers\n"
         "print([m for m, v in sys.modules.items() if m.startswith('kubernetes') and v])\n"
     )
     done = subprocess.run(

@@ -1,4 +1,5 @@
-"""The checkpoint layout rules (trainingrun.layouts) on real folders, through ``local.survey``.
+"""The checkpoint layout rules (trainingrun.checkpoint.layouts) on real folders, through
+``local.survey``.
 
 Covers, for every format (HF Trainer, Lightning, Composer, DCP, DeepSpeed, Megatron-LM, NeMo 2,
 MindFormers, Accelerate) and DeepSpeed's ZeRO-3, bf16 and stage 0 files, saves laid out as the
@@ -28,8 +29,8 @@ import torch.distributed.checkpoint as dcp
 from accelerate.utils import ProjectConfiguration
 
 from tests.trainer_layouts import CASES, SAVES, Op, Save, apply
-from trainingrun import layouts, local
-from trainingrun.layouts import Pattern, Proof
+from trainingrun.checkpoint import layouts, local
+from trainingrun.checkpoint.layouts import Pattern, Proof
 
 T0 = 1_000_000.0  # the time every file of the first save is written at
 QUIET = 10.0

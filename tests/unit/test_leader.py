@@ -1,4 +1,5 @@
-"""The leader election (trainingrun.leader) against an in-memory Lease API with the API server's
+"""The leader election (trainingrun.operator.leader) against an in-memory Lease API with the API
+server's
 optimistic concurrency, and a clock of the test's.
 
 Covers: a create of an existing Lease and a replace with a stale resourceVersion both lose; a
@@ -18,8 +19,8 @@ from typing import Any, cast
 import pytest
 import urllib3
 
-from trainingrun.kubeconn import HttpError, KubeConfigError, RestClient
-from trainingrun.leader import LEASE, LEASES, Election, LeaseLock, Timing
+from trainingrun.operator.kubeconn import HttpError, KubeConfigError, RestClient
+from trainingrun.operator.leader import LEASE, LEASES, Election, LeaseLock, Timing
 
 
 class Leases:

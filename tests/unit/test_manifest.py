@@ -45,7 +45,7 @@ import pytest
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from trainingrun.manifest import (
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     CHECKPOINT_MANIFEST_MAX_BYTES,
     MANIFEST_VERSION,
@@ -67,7 +67,7 @@ from trainingrun.manifest import (
     part_prefix,
     safe_relative_path,
 )
-from trainingrun.protocol import candidates, same_files, with_committed, worth_uploading
+from trainingrun.checkpoint.protocol import candidates, same_files, with_committed, worth_uploading
 
 BASE = "/checkpoints/checkpoint-7"
 

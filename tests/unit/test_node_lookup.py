@@ -15,9 +15,9 @@ import pytest
 
 from tests.unit.builders import NAMESPACE, make_node, make_pod
 from tests.unit.fakes import NoApi
-from trainingrun.cache import ClusterView
 from trainingrun.contract import ANNOTATION_NOTICE, LABEL_ATTEMPT, LABEL_RUN
-from trainingrun.notices import Notices
+from trainingrun.operator.cache import ClusterView
+from trainingrun.operator.notices import Notices
 
 NOTICE = "karpenter.sh/disrupted"
 

@@ -17,8 +17,8 @@ import pytest
 
 from tests.unit.builders import make_node, make_pod
 from trainingrun.contract import ANNOTATION_NOTICE, LABEL_ATTEMPT, LABEL_RUN
-from trainingrun.kube import ApiError, Forbidden
-from trainingrun.notices import Notices
+from trainingrun.operator.kube import ApiError, Forbidden
+from trainingrun.operator.notices import Notices
 
 NOTICE = "karpenter.sh/disrupted"
 

@@ -37,8 +37,8 @@ from tests.unit.builders import NAMESPACE, make_run
 from tests.unit.fakes import FakeBucket, FakeKube, moto_s3
 from trainingrun import cli, contract
 from trainingrun.api import StorageSpec
-from trainingrun.committed import choose_checkpoint, read_run_manifest
-from trainingrun.manifest import (
+from trainingrun.checkpoint.lookup import choose_checkpoint, read_run_manifest
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     CHECKPOINT_MANIFEST_MAX_BYTES,
     MAX_FILES,
@@ -47,7 +47,14 @@ from trainingrun.manifest import (
     ManifestTooLarge,
     checkpoint_prefix,
 )
-from trainingrun.storage import (
+from trainingrun.operator.buckets import (
+    EndpointBusy,
+    EndpointSlots,
+    RunStores,
+    endpoint_of,
+    limited,
+)
+from trainingrun.storage.opener import (
     MAX_GET_BYTES,
     OPERATOR_BUDGET,
     PATIENT_BUDGET,
@@ -59,7 +66,6 @@ from trainingrun.storage import (
     TooLarge,
     open_store,
 )
-from trainingrun.stores import EndpointBusy, EndpointSlots, RunStores, endpoint_of, limited
 
 RUN = Location("bkt", "runs/ml/r1")
 SECRET = dict(zip(contract.CREDENTIAL_KEYS, ("AKIA", "s3cr3t"), strict=True))

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from prometheus_client import CollectorRegistry
 
-from trainingrun.opmetrics import PHASES, OperatorMetrics
+from trainingrun.operator.metrics import PHASES, OperatorMetrics
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ def names(requirements: list[str]) -> set[str]:
 
 
 def test_the_kubernetes_client_is_the_tests_not_the_products() -> None:
-    """The product calls the API through trainingrun.kubeconn (an import-linter contract keeps
+    """The product calls the API through trainingrun.operator.kubeconn (an import-linter contract
+    keeps
     the library out); the library and its dependencies added 87 MB to an installed product."""
     assert "kubernetes" not in names(project()["dependencies"])
     assert "kubernetes" in names(project()["optional-dependencies"]["dev"])

@@ -1,4 +1,4 @@
-"""Small files packed (trainingrun.packs) and what the manifest accepts of packs.
+"""Small files packed (trainingrun.agent.packs) and what the manifest accepts of packs.
 
 Covers: which files are packed and how packs are sized (fewer than two small files, a file
 already under the pack folder, the spread over workers, the bounds); a pack read from its files
@@ -18,15 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from trainingrun.checksum import CRC32C, CRC64NVME, SHA256, Algorithm, digest
-from trainingrun.manifest import (
-    PACK_DIR,
-    PACKED_VERSION,
-    ManifestError,
-    listing_problems,
-    parse_checkpoint_manifest,
-)
-from trainingrun.packs import (
+from trainingrun.agent.packs import (
     FILE_MAX,
     PACK_MAX,
     PACK_MIN,
@@ -37,6 +29,14 @@ from trainingrun.packs import (
     gather,
     plan,
 )
+from trainingrun.checkpoint.manifest import (
+    PACK_DIR,
+    PACKED_VERSION,
+    ManifestError,
+    listing_problems,
+    parse_checkpoint_manifest,
+)
+from trainingrun.storage.checksum import CRC32C, CRC64NVME, SHA256, Algorithm, digest
 
 KiB, MiB = 1 << 10, 1 << 20
 

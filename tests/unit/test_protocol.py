@@ -1,4 +1,4 @@
-"""The fenced, rank-aware commit protocol's pure decisions (``trainingrun.protocol``).
+"""The fenced, rank-aware commit protocol's pure decisions (``trainingrun.checkpoint.protocol``).
 
 Covers:
 
@@ -26,7 +26,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainingrun.manifest import (
+from trainingrun.checkpoint.manifest import (
     MANIFEST_VERSION,
     CheckpointManifest,
     FileEntry,
@@ -37,7 +37,7 @@ from trainingrun.manifest import (
     parse_run_manifest,
     part_prefix,
 )
-from trainingrun.protocol import (
+from trainingrun.checkpoint.protocol import (
     Fenced,
     StaleAttempt,
     abortable,

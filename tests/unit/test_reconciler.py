@@ -44,6 +44,7 @@ from prometheus_client import CollectorRegistry
 
 from tests.unit.builders import NAMESPACE, T0, PodBuilder, make_node, make_pod, make_run
 from tests.unit.fakes import Clock, FakeBucket, FakeKube
+from trainingrun.checkpoint.manifest import RUN_MANIFEST, Layout
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
     ANNOTATION_RESUME_STEP,
@@ -61,12 +62,11 @@ from trainingrun.decide import reasons as R
 from trainingrun.decide.oldpods import Timing
 from trainingrun.decide.pod import run_prefix
 from trainingrun.decide.waits import MIN_RETRY_SECONDS
-from trainingrun.manifest import RUN_MANIFEST, Layout
-from trainingrun.opmetrics import OperatorMetrics
-from trainingrun.reconciler import Reconciler
-from trainingrun.settings import OperatorSettings
-from trainingrun.storage import parse_uri
-from trainingrun.stores import RunStores
+from trainingrun.operator.buckets import RunStores
+from trainingrun.operator.metrics import OperatorMetrics
+from trainingrun.operator.reconciler import Reconciler
+from trainingrun.operator.settings import OperatorSettings
+from trainingrun.storage.opener import parse_uri
 
 RUN = "r1"
 

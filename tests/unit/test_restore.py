@@ -1,4 +1,4 @@
-"""Where the restore puts each file (trainingrun.restore.target_path).
+"""Where the restore puts each file (trainingrun.agent.restore.target_path).
 
 Covers:
 
@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from trainingrun.restore import CheckpointBad, target_path
+from trainingrun.agent.restore import CheckpointBad, target_path
 
 FIXED_UNSAFE = [
     pytest.param("../x", id="parent"),

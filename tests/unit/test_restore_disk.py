@@ -1,5 +1,5 @@
 """The restore and the disk: what it does when the checkpoint does not fit, and its other errors
-(``trainingrun.restore.main`` over an in-memory bucket and a real folder).
+(``trainingrun.agent.restore.main`` over an in-memory bucket and a real folder).
 
 Covers:
 
@@ -30,7 +30,9 @@ from typing import Any, NamedTuple, cast
 import pytest
 
 from tests.unit.fakes import FakeBucket
-from trainingrun import local
+from trainingrun.agent.restore import Metrics, RestoreSettings, main, parse_size, stop_on_sigterm
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.manifest import CHECKPOINT_MANIFEST, Layout, checkpoint_prefix
 from trainingrun.contract import (
     EXIT_CHECKPOINT_BAD,
     EXIT_ERROR,
@@ -38,9 +40,7 @@ from trainingrun.contract import (
     EXIT_OK,
     EXIT_STOPPED,
 )
-from trainingrun.manifest import CHECKPOINT_MANIFEST, Layout, checkpoint_prefix
-from trainingrun.restore import Metrics, RestoreSettings, main, parse_size, stop_on_sigterm
-from trainingrun.storage import Location, Store
+from trainingrun.storage.opener import Location, Store
 
 RUN = Location("ckpt", "runs/ml/r1")
 STEP = 120
@@ -272,7 +272,7 @@ def test_an_unexpected_error_exits_1_naming_its_type(
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("something nobody expected")
 
-    monkeypatch.setattr("trainingrun.local.share", broken)
+    monkeypatch.setattr("trainingrun.checkpoint.local.share", broken)
 
     code, message, _ = _restore(bucket, tmp_path)
 

@@ -14,7 +14,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from trainingrun.storage import BucketNotFound, S3Store
+from trainingrun.storage.opener import BucketNotFound, S3Store
 
 BUCKET, PREFIX = "ckpt", "runs/r1/checkpoints/"
 

@@ -1,5 +1,6 @@
 """The S3 client signs headers, and a body only where no checksum the endpoint verifies guards it
-(``trainingrun.s3sign``): data and parts go unsigned with their ``x-amz-checksum-*``, the small
+(``trainingrun.storage.s3.sign``): data and parts go unsigned with their ``x-amz-checksum-*``, the
+small
 writes (manifests, fences, part lists) are signed. Requests are caught just before they would
 be sent; nothing goes over the network."""
 
@@ -13,11 +14,11 @@ import pytest
 from botocore.awsrequest import AWSResponse
 
 from tests.unit.fakes import DictStore
-from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.s3sign import checksummed, s3_config
-from trainingrun.s3store import S3Store, make_client
-from trainingrun.storage import Credentials, Store
-from trainingrun.syncsupport import protect_bodies
+from trainingrun.agent.sidecar import protect_bodies
+from trainingrun.storage.checksum import CRC64NVME, digest
+from trainingrun.storage.opener import Credentials, Store
+from trainingrun.storage.s3.sign import checksummed, s3_config
+from trainingrun.storage.s3.store import S3Store, make_client
 
 UNSIGNED = "UNSIGNED-PAYLOAD"
 

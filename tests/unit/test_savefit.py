@@ -16,10 +16,10 @@ import pytest
 
 from tests.unit.builders import make_node, make_run
 from trainingrun.api import CheckpointRef
+from trainingrun.checkpoint.manifest import slowest
 from trainingrun.decide import reasons as R
 from trainingrun.decide.reconcile import plan
 from trainingrun.decide.savefit import estimate, node_notice
-from trainingrun.manifest import slowest
 
 GiB = 1 << 30
 

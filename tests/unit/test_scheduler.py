@@ -17,7 +17,7 @@ from collections import Counter
 
 import pytest
 
-from trainingrun.scheduler import Scheduler
+from trainingrun.operator.scheduler import Scheduler
 
 
 def _noop(namespace: str, name: str) -> None:

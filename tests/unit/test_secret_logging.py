@@ -27,7 +27,7 @@ import pytest
 from tests.unit.fakes import answer_json, loopback_api_client
 from trainingrun import cli
 from trainingrun.contract import CREDENTIAL_KEYS
-from trainingrun.kube import Kube
+from trainingrun.operator.kube import Kube
 
 MARKER = "tr-secret-marker-7f3c9a1e"  # a secret key value that must never be logged
 SECRET_PATH = "/api/v1/namespaces/team-a/secrets/s3-credentials"

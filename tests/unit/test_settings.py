@@ -11,7 +11,7 @@ from tests.unit.builders import make_run
 from trainingrun import contract as c
 from trainingrun.api import DEFAULT_NOTICE_TAINTS
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
-from trainingrun.settings import ConfigurationError, OperatorSettings
+from trainingrun.operator.settings import ConfigurationError, OperatorSettings
 
 
 def test_defaults_with_nothing_set() -> None:

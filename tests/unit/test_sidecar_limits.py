@@ -33,17 +33,24 @@ from typing import Any, cast
 import pytest
 
 from tests.unit.fakes import moto_s3
-from trainingrun import local, parts, sync
-from trainingrun.checksum import CRC64NVME, SHA256, Algorithm, file_digest
-from trainingrun.committed import read_run_manifest
+from trainingrun.agent import parts, sync
+from trainingrun.agent.parts import MAX_PARTS, ByteBudget, PartReader, plan_parts
+from trainingrun.agent.sidecar import AccessDeniedWatch, Metrics
+from trainingrun.agent.stopsignal import StopRequest
+from trainingrun.agent.sync import Sync, SyncSettings
+from trainingrun.agent.transfer import MiB, Progress, Transfer, TransferSettings
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.local import WRITE_BLOCK, write_at
+from trainingrun.checkpoint.lookup import read_run_manifest
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE
-from trainingrun.local import WRITE_BLOCK, write_at
-from trainingrun.parts import MAX_PARTS, ByteBudget, PartReader, plan_parts
-from trainingrun.stopsignal import StopRequest
-from trainingrun.storage import Location, S3Store, StorageAccessDenied, StorageUnavailable, Store
-from trainingrun.sync import Sync, SyncSettings
-from trainingrun.syncsupport import AccessDeniedWatch, Metrics
-from trainingrun.transfer import MiB, Progress, Transfer, TransferSettings
+from trainingrun.storage.checksum import CRC64NVME, SHA256, Algorithm, file_digest
+from trainingrun.storage.opener import (
+    Location,
+    S3Store,
+    StorageAccessDenied,
+    StorageUnavailable,
+    Store,
+)
 
 GiB = 1 << 30
 TiB = 1 << 40
@@ -318,7 +325,7 @@ def test_the_sidecar_exits_after_access_denied_for_the_limit(
     sidecar = Sync(cast(Store, DeniedStore()), settings)
     result: list[int] = []
     loop = threading.Thread(target=lambda: result.append(sidecar.run()), daemon=True)
-    with caplog.at_level(logging.ERROR, logger="trainingrun.sync"):
+    with caplog.at_level(logging.ERROR, logger="trainingrun.agent.sync"):
         loop.start()
         loop.join(10)
         if loop.is_alive():  # before the fix it retried forever: stop it to fail cleanly

@@ -2,7 +2,8 @@
 
 Covers:
 
-- choose_checkpoint() (trainingrun.committed) against an in-memory store: the newest committed
+- choose_checkpoint() (trainingrun.checkpoint.lookup) against an in-memory store: the newest
+committed
   step with every object at its recorded size is chosen, as a Committed of its parts; a
   missing object, a wrong size, a missing MANIFEST.json, a malformed or deeply nested
   MANIFEST.json or one naming another step each make it fall back to the previous step, with a
@@ -37,9 +38,8 @@ from hypothesis import strategies as st
 
 from tests.unit.fakes import FakeBucket
 from trainingrun.api import StorageSpec
-from trainingrun.checksum import CRC64NVME, digest
-from trainingrun.committed import choose_checkpoint
-from trainingrun.manifest import (
+from trainingrun.checkpoint.lookup import choose_checkpoint
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
     RUN_MANIFEST,
@@ -52,7 +52,8 @@ from trainingrun.manifest import (
     parse_run_manifest,
     part_prefix,
 )
-from trainingrun.storage import (
+from trainingrun.storage.checksum import CRC64NVME, digest
+from trainingrun.storage.opener import (
     BucketNotFound,
     ChecksumMismatch,
     KeyNotFound,

@@ -30,8 +30,8 @@ from tests.unit.test_reconciler import World, condition
 from trainingrun.api import StorageSpec
 from trainingrun.decide import reasons as R
 from trainingrun.decide.storagepolicy import Refusal, normal_endpoint, refusal
-from trainingrun.settings import ConfigurationError, OperatorSettings
-from trainingrun.storage import Credentials, StorageMisconfigured, StorageUnavailable, Store
+from trainingrun.operator.settings import ConfigurationError, OperatorSettings
+from trainingrun.storage.opener import Credentials, StorageMisconfigured, StorageUnavailable, Store
 
 SECRET = "creds"
 

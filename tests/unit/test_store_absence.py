@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.unit.fakes import moto_s3
-from trainingrun.storage import BucketNotFound, NotFound, S3Store
+from trainingrun.storage.opener import BucketNotFound, NotFound, S3Store
 
 # "bucket" in the bucket's name or in the key: a missing key must still read as a missing key.
 NAMED_BUCKET, PLAIN_BUCKET = "my-bucket", "ckpt"

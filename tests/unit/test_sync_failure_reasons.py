@@ -10,9 +10,9 @@ import logging
 import pytest
 from prometheus_client import CollectorRegistry
 
-from trainingrun.capped import ManifestError, ManifestTooLarge, ManifestTooNew
-from trainingrun.storage import StorageUnavailable
-from trainingrun.syncsupport import Metrics, report_failure
+from trainingrun.agent.sidecar import Metrics, report_failure
+from trainingrun.checkpoint.capped import ManifestError, ManifestTooLarge, ManifestTooNew
+from trainingrun.storage.opener import StorageUnavailable
 
 
 @pytest.mark.parametrize(

@@ -46,16 +46,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from trainingrun import local, parts, transfer
+from trainingrun.agent import parts, transfer
+from trainingrun.agent.parts import Throttle
+from trainingrun.agent.sidecar import LayoutReport, Metrics, read_annotation
+from trainingrun.agent.sidecar import watch as sync_watch
+from trainingrun.agent.sync import Sync, SyncSettings
+from trainingrun.agent.transfer import MiB, Progress
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.layouts import Found, Proof
+from trainingrun.checkpoint.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
 from trainingrun.contract import ANNOTATION_NOTICE, format_bytes
-from trainingrun.layouts import Found, Proof
-from trainingrun.local import COMPLETE_MARKER, TRAINER_STATE, LocalCheckpoint, scan
-from trainingrun.parts import Throttle
-from trainingrun.storage import Location, Store
-from trainingrun.sync import Sync, SyncSettings
-from trainingrun.syncsupport import LayoutReport, Metrics, read_annotation
-from trainingrun.syncsupport import watch as sync_watch
-from trainingrun.transfer import MiB, Progress
+from trainingrun.storage.opener import Location, Store
 
 
 def _write(path: Path, data: bytes = b"x", mtime: float | None = None) -> Path:
@@ -425,7 +426,8 @@ def test_watcher_wakes_for_checkpoint_files_not_for_progress(tmp_path: Path) -> 
 
 
 class FakeClock:
-    """Stands in for the ``time`` module of trainingrun.parts and .transfer: sleep moves it."""
+    """Stands in for the ``time`` module of trainingrun.agent.parts and .transfer: sleep moves
+    it."""
 
     def __init__(self, now: float = 1000.0) -> None:
         self.now = now
@@ -523,7 +525,7 @@ def test_progress_add_counts_and_logs_once_per_period(
     progress = Progress(
         "up", 100, 1, every=5.0, on_bytes=seen.append, started=clock.now, _last_log=clock.now
     )
-    caplog.set_level(logging.INFO, logger="trainingrun.transfer")
+    caplog.set_level(logging.INFO, logger="trainingrun.agent.transfer")
 
     for _ in range(10):  # 10 adds, one second apart: logs at 5 s and 10 s
         clock.now += 1
@@ -549,7 +551,7 @@ SURVEY_AS_NOBODY = """
 import json, sys
 sys.path.insert(0, "PKG")
 from pathlib import Path
-from trainingrun import local
+from trainingrun.checkpoint import local
 print(json.dumps(list(local.survey(Path(sys.argv[1])).unreadable)))
 """
 
@@ -569,7 +571,7 @@ def test_a_folder_the_sidecar_may_not_list_is_reported() -> None:
         ckdir.chmod(0o755)
         # The other user may not read the clone (mktemp -d makes it 0700): it runs a copy of the
         # package (the survey needs only the standard library) with the base interpreter.
-        package = Path(local.__file__).parent
+        package = Path(local.__file__).parents[1]
         shutil.copytree(
             package, root / "pkg" / package.name, ignore=shutil.ignore_patterns("*.pyc")
         )
@@ -604,7 +606,7 @@ def test_the_sidecar_warns_once_about_folders_it_may_not_list(
 ) -> None:
     report = LayoutReport(tmp_path, Metrics(CollectorRegistry()))
     unreadable = local.Survey([], (), (), ("checkpoint/rank_0",))
-    with caplog.at_level(logging.WARNING, logger="trainingrun.sync"):
+    with caplog.at_level(logging.WARNING, logger="trainingrun.agent.sync"):
         report.report(unreadable)
         report.report(unreadable)
     warned = [r.getMessage() for r in caplog.records if "cannot list" in r.getMessage()]

@@ -1,4 +1,5 @@
-"""trainingrun.trainer, the framework-neutral side of a TrainingRun for any training loop: the
+"""trainingrun.integrations.trainer, the framework-neutral side of a TrainingRun for any training
+loop: the
 stop request (SIGTERM or save-now), completion markers, the resume path, progress."""
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from trainingrun import local, trainer
+from trainingrun.checkpoint import local
 from trainingrun.contract import ENV_CHECKPOINT_DIR, ENV_RESUME_FROM, ENV_RESUME_WAIT
+from trainingrun.integrations import trainer
 
 
 @pytest.fixture

@@ -21,11 +21,9 @@ import pytest
 
 from tests.unit.builders import make_run
 from tests.unit.fakes import DictStore
-from trainingrun import contract, usercli
+from trainingrun import contract
 from trainingrun.api import StorageSpec
-from trainingrun.decide.pod import RunRef, storage_env
-from trainingrun.kube import Kube
-from trainingrun.manifest import (
+from trainingrun.checkpoint.manifest import (
     CHECKPOINT_MANIFEST,
     MANIFEST_VERSION,
     RUN_MANIFEST,
@@ -38,7 +36,10 @@ from trainingrun.manifest import (
     parse_run_manifest,
     part_prefix,
 )
-from trainingrun.storage import (
+from trainingrun.cli import runs as usercli
+from trainingrun.decide.pod import RunRef, storage_env
+from trainingrun.operator.kube import Kube
+from trainingrun.storage.opener import (
     Credentials,
     CredentialsSecretError,
     Location,

@@ -31,8 +31,9 @@ from typing import Any
 from trainingrun import __version__
 from trainingrun import contract as c
 from trainingrun.api import GROUP, KIND, VERSION, TrainingRunSpec
+from trainingrun.checkpoint.manifest import checkpoint_prefix
+from trainingrun.contract import checkpoint_dirname
 from trainingrun.decide.agents import agent_user, metrics_env, security_context
-from trainingrun.manifest import checkpoint_dirname, checkpoint_prefix
 
 CLUSTER_DOMAIN = "cluster.local"  # the kubelet's default --cluster-domain
 

@@ -27,7 +27,7 @@ from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import bounded, container_status, parse_instant
 
 # The start of the sync sidecar's termination message when it gives up after access denied
-# (trainingrun.syncsupport.AccessDeniedWatch): the kubelet restarts it, and its last state keeps
+# (trainingrun.agent.sidecar.AccessDeniedWatch): the kubelet restarts it, and its last state keeps
 # the message, which turns the condition False at once rather than at the deadline.
 ACCESS_DENIED_MESSAGE = "checkpoints are not being committed: access denied"
 MAX_SIDECAR_MESSAGE = 512

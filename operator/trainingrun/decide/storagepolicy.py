@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from urllib.parse import urlsplit
 
 from trainingrun.api import StorageSpec
+from trainingrun.checkpoint.manifest import CHECKPOINTS_DIR, RUN_MANIFEST
 from trainingrun.decide import reasons as R
-from trainingrun.manifest import CHECKPOINTS_DIR, RUN_MANIFEST
 
 AWS = "aws"  # in the endpoint allowlist: AWS S3 itself (no endpoint)
 # Each scheme's own service (no endpoint), as the endpoint allowlist names it.

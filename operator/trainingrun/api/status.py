@@ -1,0 +1,172 @@
+"""The TrainingRun API's status: what the operator writes back to a run (``status``), part of
+the same CRD as ``trainingrun.api``, which re-exports every name here.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field
+
+from trainingrun.api.storage import ApiModel
+
+_Model = ApiModel
+
+
+class CheckpointRef(_Model):
+    """A committed checkpoint."""
+
+    step: int = Field(ge=0, description="Training step of the checkpoint.")
+    uri: str = Field(description="Object storage prefix of the checkpoint.")
+    time: str | None = Field(default=None, description="When it was committed (RFC 3339).")
+    format: str | None = Field(
+        default=None,
+        description=(
+            "The checkpoint format the sync sidecar recognised it as (hf, lightning, composer, "
+            "dcp, deepspeed, megatron, nemo, mindformers, accelerate or pattern)."
+        ),
+    )
+    bytes: int | None = Field(default=None, ge=0, description="Its size, all ranks' files.")
+    upload_seconds: float | None = Field(
+        default=None, ge=0, description="What its upload and verify took (the slowest rank's)."
+    )
+
+
+class SaveEstimate(_Model):
+    """Will a save on preemption fit? The last checkpoint's size at the upload throughput the
+    sync sidecar measured, against the grace period and the spot notice windows."""
+
+    checkpoint_bytes: int = Field(ge=0, description="Size of the latest checkpoint.")
+    bytes_per_second: int = Field(ge=0, description="Upload throughput measured by the sidecar.")
+    upload_seconds: float = Field(ge=0, description="Estimated time to upload such a save.")
+    window_seconds: int = Field(
+        ge=0,
+        description=(
+            "Time a save has: the grace period, or the spot notice of the attempt's node when "
+            "shorter."
+        ),
+    )
+    fits: bool = Field(description="Whether the upload fits the window.")
+    message: str = Field(description="The estimate against every window known.")
+
+
+class Condition(_Model):
+    """One aspect of the run's state, in the metav1.Condition shape."""
+
+    type: str = Field(
+        description=(
+            "Type of condition in CamelCase: Running, Succeeded, Failed, Protected, Suspended, "
+            "Admitted (by Kueue) or SaveAtRisk."
+        ),
+    )
+    status: str = Field(description="Status of the condition, one of True, False, Unknown.")
+    reason: str = Field(
+        description=(
+            "A programmatic identifier for the condition's last transition, in CamelCase "
+            "(Started, Resumed, Preempted, CrashLoop, ...). This field may not be empty."
+        ),
+    )
+    message: str = Field(
+        default="",
+        description=(
+            "A human readable message indicating details about the transition. "
+            "This may be an empty string."
+        ),
+    )
+    observed_generation: int | None = Field(
+        default=None,
+        description=(
+            "The .metadata.generation that the condition was set based upon. If it is lower "
+            "than .metadata.generation, the condition is out of date with respect to the "
+            "current spec."
+        ),
+    )
+    last_transition_time: str = Field(
+        description=(
+            "The last time the condition transitioned from one status to another (RFC 3339). "
+            "It changes only when the status flips."
+        ),
+    )
+
+
+class TrainingRunStatus(_Model):
+    """Observed state of a TrainingRun, written by the operator."""
+
+    observed_generation: int | None = Field(
+        default=None,
+        description="The .metadata.generation of the spec the operator last acted on.",
+    )
+    phase: str | None = Field(
+        default=None,
+        description=(
+            "Display summary: Pending, Running, Backoff, Suspending (held, its attempt saving "
+            "and stopping), Suspended (spec.suspend), Queued (waiting for Kueue), Succeeded or "
+            "Failed."
+        ),
+    )
+    attempt: int = Field(default=0, description="Number of the current or last attempt.")
+    restarts: int = Field(default=0, description="Failed attempts so far.")
+    preemptions: int = Field(default=0, description="Preempted attempts so far.")
+    consecutive_failures: int = Field(
+        default=0, description="Failures in a row without a new committed checkpoint."
+    )
+    stalled_attempts: int = Field(
+        default=0,
+        description=(
+            "Attempts in a row, however they ended, with no new committed checkpoint: the next "
+            "attempt waits the backoff for this streak, so no ending can start pods in a loop."
+        ),
+    )
+    latest_checkpoint: CheckpointRef | None = Field(
+        default=None,
+        description="Newest committed checkpoint in storage; the next attempt resumes from it.",
+    )
+    save_estimate: SaveEstimate | None = Field(
+        default=None,
+        description=(
+            "Time to upload a checkpoint like the latest against the time a save on preemption "
+            "has; the SaveAtRisk condition is True when it does not fit."
+        ),
+    )
+    bad_checkpoints: list[
+        Annotated[int, Field(description="Training step of a checkpoint that is not used.")]
+    ] = Field(
+        default_factory=list,
+        description=(
+            "Steps of committed checkpoints not used again: the restore found them corrupt, or "
+            "the operator found them incomplete in the bucket (at most 1000)."
+        ),
+    )
+    active_pod: str | None = Field(
+        default=None,
+        description=(
+            "Name of the pod of the current attempt (<run>-<attempt>), or of its rank 0 "
+            "(<run>-<attempt>-0) when replicas > 1, while the attempt runs."
+        ),
+    )
+    resume_step: int | None = Field(
+        default=None, description="Step the current attempt resumed from."
+    )
+    next_attempt_time: str | None = Field(
+        default=None, description="When the next attempt starts after a backoff."
+    )
+    reason: str | None = Field(
+        default=None,
+        description=(
+            "A brief CamelCase reason for the run's latest change (Started, Preempted, "
+            "CrashLoop, ...)."
+        ),
+    )
+    message: str | None = Field(
+        default=None,
+        description="A human readable message with details about the run's latest change.",
+    )
+    conditions: list[Condition] = Field(
+        default_factory=list,
+        # A list-map: one entry per type, merged by type in server-side apply.
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"]},
+        description=(
+            "The latest available observations of the run's state: Running, Succeeded, Failed, "
+            "Protected, Suspended, Admitted, SaveAtRisk (metav1.Condition)."
+        ),
+    )

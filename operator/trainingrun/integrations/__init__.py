@@ -1,0 +1,2 @@
+"""The trainer integrations users import in their training scripts: ``hf``, ``lightning``,
+``composer`` and ``trainer`` for any loop."""

@@ -1,0 +1,162 @@
+"""The pods of a new attempt, all ranks in one pass, and a gang's headless Service before them.
+
+A create that answers 409 means the pod exists: it is the run's own (made by an earlier pass
+that stopped before the status write) or another's, which is waited for with a ``PodNameTaken``
+Event said once a minute. A gang's Service is created once per run and remembered; one of that
+name that is not the run's gets a ``ServiceNameTaken`` Event and the attempt waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from trainingrun.decide import reasons as R
+from trainingrun.decide.pod import RunRef, build_service, owned_by
+from trainingrun.operator.cache import ClusterView
+from trainingrun.operator.events import EventSink
+from trainingrun.operator.kube import Forbidden, Invalid
+from trainingrun.operator.metrics import OperatorMetrics
+from trainingrun.operator.settings import OperatorSettings
+
+log = logging.getLogger("trainingrun.operator")
+
+Key = tuple[str, str]  # (namespace, run name)
+
+
+class Creator(Protocol):
+    """The calls of ``trainingrun.operator.kube.Kube`` a launch makes."""
+
+    def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
+    def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
+
+
+@dataclass(frozen=True)
+class Launched:
+    """Rank 0's pod once every pod of the attempt exists; else when to try again and why
+    (``held``: a reason and message, already said in an Event), or why the API server rejected
+    a pod (the run fails with it)."""
+
+    first: dict[str, Any] | None = None
+    wait: float | None = None
+    invalid: str | None = None
+    held: tuple[str, str] | None = None
+
+
+class Launcher:
+    def __init__(
+        self,
+        api: Creator,
+        view: ClusterView,
+        events: EventSink,
+        metrics: OperatorMetrics,
+        settings: OperatorSettings,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._api = api
+        self._view = view
+        self._events = events
+        self._metrics = metrics
+        self._settings = settings
+        self._monotonic = monotonic
+        self._lock = threading.Lock()
+        self._said: dict[Key, tuple[str, float]] = {}  # the name-taken message said, and when
+        self._service_of: dict[Key, str] = {}  # the run UID whose Service is known to exist
+
+    def forget(self, namespace: str, name: str) -> None:
+        with self._lock:
+            self._said.pop((namespace, name), None)
+            self._service_of.pop((namespace, name), None)
+
+    def launch(self, run: dict[str, Any], ref: RunRef, pods: Sequence[dict[str, Any]]) -> Launched:
+        """Creates ``pods`` (rank order) and, for a gang, its Service first."""
+        if len(pods) > 1:
+            held = self._service(run, ref)
+            if held is not None:
+                return Launched(wait=self._settings.resync_seconds, held=held)
+        first: dict[str, Any] | None = None
+        for pod in pods:
+            done = self._create(run, ref, pod)
+            if done.first is None:
+                return done
+            first = first or done.first
+        return Launched(first=first)
+
+    def _create(self, run: dict[str, Any], ref: RunRef, pod: dict[str, Any]) -> Launched:
+        namespace, what = ref.namespace, pod["metadata"]["name"]
+        try:
+            created, fresh = self._api.create_pod(pod)
+        except Forbidden as e:
+            # Quota, a terminating namespace, an admission webhook: not the spec's fault.
+            log.warning("%s/%s: pod %s not created: %s", namespace, ref.name, what, e)
+            self._events.post(run, "Warning", R.POD_FORBIDDEN, str(e))
+            held = (R.POD_FORBIDDEN, f"pod {what} not created, retrying: {e}")
+            return Launched(wait=self._settings.resync_seconds, held=held)
+        except Invalid as e:
+            return Launched(invalid=f"pod rejected: {e}")
+        if not fresh and not owned_by(created, ref.uid):
+            wait, message = self._name_taken(run, ref, created, "pod", R.POD_NAME_TAKEN)
+            return Launched(wait=wait, held=(R.POD_NAME_TAKEN, message))
+        if fresh:
+            self._metrics.pods_created.inc()
+        self._view.pods.put((namespace, what), created)
+        return Launched(first=created)
+
+    def _service(self, run: dict[str, Any], ref: RunRef) -> tuple[str, str] | None:
+        """None once the gang's headless Service exists (created now, or before by this
+        operator); else why not (a reason and message, said in an Event)."""
+        key = (ref.namespace, ref.name)
+        with self._lock:
+            if self._service_of.get(key) == ref.uid:
+                return None
+        try:
+            service, _ = self._api.create_service(build_service(ref))
+        except (Forbidden, Invalid) as e:
+            message = f"headless service {ref.name} not created, retrying: {e}"
+            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+            self._events.post(run, "Warning", R.POD_FORBIDDEN, message)
+            return R.POD_FORBIDDEN, message
+        if not owned_by(service, ref.uid):
+            _, message = self._name_taken(run, ref, service, "service", R.SERVICE_NAME_TAKEN)
+            return R.SERVICE_NAME_TAKEN, message
+        with self._lock:
+            self._service_of[key] = ref.uid
+        return None
+
+    def _name_taken(
+        self, run: dict[str, Any], ref: RunRef, obj: Mapping[str, Any], kind: str, reason: str
+    ) -> tuple[float, str]:
+        """The name is taken by an object that is not the run's: wait for it to go (a deleted
+        run's pod of the same name is removed by the garbage collector). Returns when to try
+        again, and what was said."""
+        message = name_taken_message(obj, kind)
+        now, key = self._monotonic(), (ref.namespace, ref.name)
+        with self._lock:
+            said, at = self._said.get(key, ("", 0.0))
+            # Said again once a minute while it lasts, not at every retry; at once when it changes.
+            say = said != message or now - at >= self._settings.name_taken_repeat_seconds
+            if say:
+                self._said[key] = (message, now)
+        if say:
+            log.warning("%s/%s: %s", ref.namespace, ref.name, message)
+            self._events.post(run, "Warning", reason, message)
+        # The other object is not watched (no run label, or another run's UID): poll for it.
+        wait = min(self._settings.resync_seconds, self._settings.name_taken_retry_seconds)
+        return wait, message
+
+
+def name_taken_message(obj: Mapping[str, Any], kind: str = "pod") -> str:
+    """What a user reads when the attempt's pod name (or a gang's Service name) is held by an
+    object that is not the run's."""
+    meta = obj.get("metadata") or {}
+    owners = [f"{r.get('kind')}/{r.get('name')}" for r in meta.get("ownerReferences") or []]
+    whose = f"owned by {', '.join(owners)}" if owners else "not owned by this run"
+    going = "being deleted; waiting" if meta.get("deletionTimestamp") else None
+    return (
+        f"{kind} {meta.get('name')} exists and is not this run's ({whose}): "
+        f"{going or 'delete it or rename the run'}"
+    )

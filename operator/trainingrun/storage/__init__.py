@@ -1,0 +1,2 @@
+"""Object stores: one ``Store`` interface and its S3, Cloud Storage and Azure Blob
+implementations."""

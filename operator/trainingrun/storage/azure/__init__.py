@@ -1,0 +1,1 @@
+"""The Azure Blob Storage store (azure-storage-blob)."""

@@ -1,0 +1,1 @@
+"""The Google Cloud Storage store (google-cloud-storage)."""
