@@ -6,7 +6,7 @@
 # MinIO publishes its server as source only; the module proxy serves its commits as
 # pseudo-versions. The pinned one is the newest the proxy gave on 2026-11-28 (commit 7aac2a2c5b7c
 # of 2026-02-12). Unlike SeaweedFS, it checks the SHA-256 a request signs for its body, and it
-# lists a key's own unfinished uploads only, none under a folder's prefix (docs/storage.md).
+# lists a key's own unfinished uploads only, none under a folder's prefix (docs/storage-s3.md).
 # MINIO_VERSION builds another one beside it.
 set -euo pipefail
 exec bash "$(dirname "$0")/go-install-cached.sh" minio github.com/minio/minio \

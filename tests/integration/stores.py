@@ -32,7 +32,7 @@ class Bucket:
     agent_vars: dict[str, str] = field(default_factory=dict)
     region: str | None = None
     # Whether the store lists the unfinished uploads under a folder's prefix: MinIO lists a
-    # key's own only (docs/storage.md).
+    # key's own only (docs/storage-s3.md).
     lists_uploads_by_prefix: bool = True
 
     @classmethod

@@ -73,7 +73,7 @@ def test_sigkill_mid_upload_commits_nothing_partial_then_restart_commits(
     if bucket.lists_uploads_by_prefix:
         assert "aborted 1 unfinished multipart uploads" in again.log()
         assert not store.list_multipart(run_key)
-    else:  # the sidecar cannot find it: MinIO's own expiry removes it (docs/storage.md)
+    else:  # the sidecar cannot find it: MinIO's own expiry removes it (docs/storage-s3.md)
         assert len(store.list_multipart(listed)) == 1
     restored = tmp_path / "restored"
     result = run_restore(bucket.env(uri, restored, TRAININGRUN_RESTORE_STEP="40"))

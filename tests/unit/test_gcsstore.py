@@ -89,7 +89,11 @@ def _never() -> bool:
             gexc.Unauthorized("Anonymous caller"),
             _never,
             StorageAccessDenied,
-            ["storage.objects.list", "roles/storage.objectUser", "docs/storage.md#google-cloud"],
+            [
+                "storage.objects.list",
+                "roles/storage.objectUser",
+                "docs/storage-gcs.md#permissions-on-cloud-storage",
+            ],
         ),
         (gexc.BadRequest(f"{URL}: {CRC_BODY}"), _never, ChecksumMismatch, ["checksum mismatch"]),
         (  # as the library words a failed upload: the body, then the response's repr

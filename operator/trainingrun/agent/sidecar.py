@@ -346,7 +346,7 @@ def protect_bodies(store: Store, checked: bool) -> None:
     """An endpoint that ignores the checksums request bodies carry (``checked`` False: the
     capability probe's finding) gets them signed instead, so a body damaged on the way is still
     refused where the endpoint checks signed bodies (AWS S3 does; SeaweedFS 4.48 does not,
-    docs/storage.md)."""
+    docs/storage-s3.md)."""
     if checked:
         return
     store.sign_bodies()

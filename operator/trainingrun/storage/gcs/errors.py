@@ -25,7 +25,7 @@ _FIX = (
     "give the service account (credentialsSecret key GOOGLE_SERVICE_ACCOUNT_JSON, or the pod's "
     "Workload Identity) storage.objects.get, storage.objects.create, storage.objects.delete and "
     "storage.objects.list on the bucket (role roles/storage.objectUser) "
-    "(docs/storage.md#google-cloud-storage)"
+    "(docs/storage-gcs.md#permissions-on-cloud-storage)"
 )
 
 

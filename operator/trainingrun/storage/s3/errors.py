@@ -37,7 +37,7 @@ _CHECKSUM = ("BadDigest", "InvalidDigest", "XAmzContentChecksumMismatch")
 _FIX = (
     "check the credentials Secret or the role's bucket policy: s3:ListBucket, "
     "s3:ListBucketMultipartUploads on the bucket; s3:GetObject, s3:PutObject, s3:DeleteObject, "
-    "s3:AbortMultipartUpload on the prefix (docs/storage.md#bucket-permissions)"
+    "s3:AbortMultipartUpload on the prefix (docs/storage-s3.md#bucket-permissions)"
 )
 # botocore errors whose text can hold the endpoint's own bytes: a body it could not parse, an
 # exception of the HTTP layer (a status line or chunk length it could not read). Their subclasses

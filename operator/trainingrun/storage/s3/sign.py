@@ -61,7 +61,7 @@ def unchecked_body(operation: str, request: Any) -> bool:
 def _sign_when(client: Any, wanted: Callable[[str, Any], bool]) -> None:
     """Each request of ``client`` (made by ``s3store.make_client``) for which
     ``wanted(operation, request)`` holds signs its body's SHA-256 too (AWS S3 checks it against
-    the body; SeaweedFS does not, docs/storage.md)."""
+    the body; SeaweedFS does not, docs/storage-s3.md)."""
     config = client.meta.config
     s3 = cast("_S3Dict", dict(config.s3 or {}))
     s3["payload_signing_enabled"] = True

@@ -164,7 +164,7 @@ def open_s3(
 def _unfinished_uploads(client: Any, bucket: str, prefix: str) -> list[tuple[str, str]]:
     """(key, upload id) of every unfinished multipart upload under ``prefix``, page after page
     (AWS gives at most 1,000 a page). MinIO lists a key's own uploads only, none under a
-    folder's prefix (docs/storage.md)."""
+    folder's prefix (docs/storage-s3.md)."""
     pages = client.get_paginator("list_multipart_uploads").paginate(Bucket=bucket, Prefix=prefix)
     return [(str(u["Key"]), str(u["UploadId"])) for p in pages for u in p.get("Uploads") or []]
 
