@@ -37,7 +37,7 @@ from trainingrun.contract import (
     TRAINER_CONTAINER,
 )
 from trainingrun.decide.hold import Queue
-from trainingrun.decide.pod import RunRef, run_prefix
+from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.decide.reconcile import Observed
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)

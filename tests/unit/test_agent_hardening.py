@@ -32,7 +32,8 @@ from trainingrun.contract import (
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
 )
-from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, resume_of
+from trainingrun.decide.naming import RunRef
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 
 AGENTS = (RESTORE_CONTAINER, SYNC_CONTAINER)
 

@@ -45,12 +45,12 @@ from azure.storage.blob import StorageErrorCode
 
 from trainingrun.storage import checksum
 from trainingrun.storage.azure import store as azurestore
+from trainingrun.storage.azure.errors import translate
 from trainingrun.storage.azure.store import (
     _SentCrc,
     block_id,
     credential,
     parse_block_id,
-    translate,
 )
 from trainingrun.storage.base import (
     BucketNotFound,

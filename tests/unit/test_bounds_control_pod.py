@@ -20,7 +20,8 @@ import pytest
 
 from tests.unit.builders import make_run
 from trainingrun import contract as c
-from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, resume_of
+from trainingrun.decide.naming import RunRef
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 
 AGENTS = (c.RESTORE_CONTAINER, c.SYNC_CONTAINER)
 AGENT_UID = AGENT_GID = 65532  # the agent image's USER (images/agent/Dockerfile)

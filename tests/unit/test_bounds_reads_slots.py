@@ -25,7 +25,7 @@ import pytest
 from tests.unit.builders import make_run
 from tests.unit.fakes import FakeKube
 from trainingrun.api import StorageSpec
-from trainingrun.decide.pod import RunRef
+from trainingrun.decide.naming import RunRef
 from trainingrun.operator.buckets import EndpointBusy, RunStores
 from trainingrun.operator.slots import Addresses
 from trainingrun.storage.opener import Credentials, Store

@@ -38,7 +38,7 @@ from trainingrun.checkpoint.manifest import (
     parse_run_manifest,
 )
 from trainingrun.decide import reasons as R
-from trainingrun.decide.pod import run_prefix
+from trainingrun.decide.naming import run_prefix
 from trainingrun.decide.waits import MIN_RETRY_SECONDS
 from trainingrun.operator.buckets import START_TRIES, RunStores
 from trainingrun.operator.metrics import OperatorMetrics

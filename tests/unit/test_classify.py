@@ -56,13 +56,13 @@ from trainingrun.contract import (
 from trainingrun.decide.classify import (
     CONFIG_CACHE_GRACE_SECONDS,
     IMAGE_PULL_GRACE_SECONDS,
-    MESSAGE_MAX,
     End,
     Outcome,
-    bounded,
     classify,
 )
-from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, resume_of
+from trainingrun.decide.naming import RunRef
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
+from trainingrun.decide.podview import MESSAGE_MAX, bounded
 from trainingrun.decide.policy import Action, Counters, decide
 from trainingrun.operator.cache import slim_pod
 

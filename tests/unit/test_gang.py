@@ -27,13 +27,8 @@ from trainingrun.contract import rfc3339
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import End, Outcome
 from trainingrun.decide.gang import Member, gang_outcome
-from trainingrun.decide.pod import (
-    AgentSettings,
-    build_pod,
-    build_service,
-    gang_name_problem,
-    member_names,
-)
+from trainingrun.decide.naming import gang_name_problem, member_names
+from trainingrun.decide.pod import AgentSettings, build_pod, build_service
 
 NAMESPACE = "ml"
 

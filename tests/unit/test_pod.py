@@ -48,13 +48,8 @@ from trainingrun.contract import (
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
 )
-from trainingrun.decide.pod import (
-    AgentSettings,
-    RunRef,
-    build_pod,
-    owned_by,
-    resume_of,
-)
+from trainingrun.decide.naming import RunRef, owned_by
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 
 SETTINGS = AgentSettings(image="registry.example/agent:9")
 SECRET_LIKE = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "SECRET", "PASSWORD", "TOKEN")

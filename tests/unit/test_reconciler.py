@@ -59,8 +59,8 @@ from trainingrun.contract import (
     rfc3339,
 )
 from trainingrun.decide import reasons as R
+from trainingrun.decide.naming import run_prefix
 from trainingrun.decide.oldpods import Timing
-from trainingrun.decide.pod import run_prefix
 from trainingrun.decide.waits import MIN_RETRY_SECONDS
 from trainingrun.operator.buckets import RunStores
 from trainingrun.operator.metrics import OperatorMetrics

@@ -30,7 +30,8 @@ from typing import Any, NamedTuple, cast
 import pytest
 
 from tests.unit.fakes import FakeBucket
-from trainingrun.agent.restore import Metrics, RestoreSettings, main, parse_size, stop_on_sigterm
+from trainingrun.agent.restore import Metrics, RestoreSettings, main, stop_on_sigterm
+from trainingrun.agent.room import parse_size
 from trainingrun.checkpoint import local
 from trainingrun.checkpoint.manifest import CHECKPOINT_MANIFEST, Layout, checkpoint_prefix
 from trainingrun.contract import (

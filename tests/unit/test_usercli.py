@@ -37,7 +37,8 @@ from trainingrun.checkpoint.manifest import (
     part_prefix,
 )
 from trainingrun.cli import runs as usercli
-from trainingrun.decide.pod import RunRef, storage_env
+from trainingrun.decide.naming import RunRef
+from trainingrun.decide.pod import storage_env
 from trainingrun.operator.kube import Kube
 from trainingrun.storage.opener import (
     Credentials,

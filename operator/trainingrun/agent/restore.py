@@ -32,17 +32,13 @@ Exit codes (documented in docs/, read by the operator):
 from __future__ import annotations
 
 import contextlib
-import errno
 import logging
-import math
 import os
-import re
 import shutil
 import signal
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -51,6 +47,14 @@ from prometheus_client import CollectorRegistry, Counter
 
 from trainingrun.agent.download import Download
 from trainingrun.agent.packs import Target
+from trainingrun.agent.room import (
+    DISK_FULL,
+    NODE_FIX,
+    InsufficientDisk,
+    NodeDiskFull,
+    byte_count,
+    check_room,
+)
 from trainingrun.agent.transfer import Progress, TransferSettings, VerificationFailed
 from trainingrun.checkpoint import local
 from trainingrun.checkpoint.layouts import STAGING_PREFIX
@@ -83,24 +87,6 @@ class CheckpointBad(Exception):
     """The chosen checkpoint cannot be trusted; the message names it and the file."""
 
 
-class InsufficientDisk(Exception):
-    """The chosen checkpoint does not fit the checkpoint folder; the message says by how much."""
-
-
-class NodeDiskFull(Exception):
-    """The checkpoint fits the size limit (or there is none) but not the node's free disk now."""
-
-
-# The errors of a full volume: no space on the device, or the user's quota reached.
-DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
-DISK_FIX = "raise spec.checkpoint.sizeLimit or use nodes with more disk"
-NODE_FIX = (
-    "the attempt is retried (counted against maxRestarts), on this node or another; set "
-    "spec.checkpoint.sizeLimit and an ephemeral-storage request in the template so that the "
-    "scheduler picks a node with room, or use nodes with more disk"
-)
-
-
 @dataclass(frozen=True)
 class RestoreSettings:
     checkpoint_dir: Path
@@ -112,32 +98,6 @@ class RestoreSettings:
     size_limit: int | None = None
     # A trainer started beside the restore waits for its outcome (local.RESTORED).
     tell_trainer: bool = False
-
-
-# A Kubernetes quantity of bytes as spec.checkpoint.sizeLimit takes it: digits with an optional
-# fraction, then a power of ten (an exponent or a decimal suffix; K as well as Kubernetes' k) or
-# of two. No sign, no milli: a byte count.
-_QUANTITY = re.compile(r"([0-9]+(?:\.[0-9]+)?)(?:[eE]([0-9]{1,2})|(Ki|Mi|Gi|Ti|Pi|Ei|[kKMGTPE])?)")
-_SCALE = {
-    **{s: 1000**i for i, s in enumerate(("", "k", "M", "G", "T", "P", "E"))},
-    "K": 1000,
-    **{s: 1024 ** (i + 1) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"))},
-}
-MAX_QUANTITY = 2**63 - 1  # Kubernetes' largest
-
-
-def parse_size(text: str) -> int:
-    """The bytes of a quantity such as ``50Gi``, ``1.5T``, ``2e9`` or ``1000``, rounded up to
-    a whole byte; ValueError for anything else."""
-    m = _QUANTITY.fullmatch(text)
-    if m is None:
-        raise ValueError(f"{text!r} is not a quantity of bytes such as 50Gi, 500M or 1000")
-    number, exponent, suffix = m.groups()
-    scale: int = 10 ** int(exponent) if exponent is not None else _SCALE[suffix or ""]
-    size = math.ceil(Decimal(number) * scale)
-    if size > MAX_QUANTITY:
-        raise ValueError(f"{text!r} is more than the largest quantity, {MAX_QUANTITY} bytes")
-    return size
 
 
 class Metrics:
@@ -201,47 +161,6 @@ def check_names(what: str, paths: Iterable[str], layout: Layout | None) -> None:
                 )
 
 
-def folder_bytes(folder: Path) -> int:
-    """The bytes of the files under ``folder``: what it already takes of its volume."""
-    held = 0
-    for root, _dirs, names in os.walk(folder):
-        for name in names:
-            try:
-                held += Path(root, name).lstat().st_size
-            except OSError:
-                continue  # gone while we looked
-    return held
-
-
-def _bytes(n: int) -> str:
-    return f"{n} bytes ({format_bytes(n)})"
-
-
-def check_room(s: RestoreSettings, what: str, needed: int) -> int:
-    """The bytes the checkpoint folder has room for: its volume's free space and, under a size
-    limit, that limit less what the folder already holds (the kubelet evicts a pod whose
-    emptyDir grows past it). When ``needed`` is more, raises InsufficientDisk for the limit
-    (every attempt's pod has the same), else NodeDiskFull (another node's disk, or this one's
-    later, may have room)."""
-    room = shutil.disk_usage(s.checkpoint_dir).free
-    if s.size_limit is not None:
-        held = folder_bytes(s.checkpoint_dir)
-        allowed = max(s.size_limit - held, 0)
-        if needed > allowed:
-            raise InsufficientDisk(
-                f"{what} needs {_bytes(needed)}, only {_bytes(allowed)} left under the "
-                f"volume's size limit of {_bytes(s.size_limit)}, which holds {_bytes(held)} "
-                f"already: {DISK_FIX}"
-            )
-        room = min(room, allowed)
-    if needed > room:
-        raise NodeDiskFull(
-            f"{what} needs {_bytes(needed)}, only {_bytes(room)} free on the checkpoint volume "
-            f"now: {NODE_FIX}"
-        )
-    return room
-
-
 def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) -> Path:
     """Downloads and verifies checkpoint ``s.step`` and puts it where its layout goes; returns
     what the trainer resumes from."""
@@ -254,7 +173,7 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
     shutil.rmtree(staging, ignore_errors=True)
     s.checkpoint_dir.mkdir(parents=True, exist_ok=True)
     total = sum(f.size for _, f in named)
-    room = check_room(s, what, total)
+    room = check_room(s.checkpoint_dir, s.size_limit, what, total)
 
     log.info("%s: downloading %d files, %s", what, len(named), format_bytes(total))
     started = time.monotonic()
@@ -266,8 +185,8 @@ def restore(store: Store, s: RestoreSettings, metrics: Metrics | None = None) ->
         shutil.rmtree(staging, ignore_errors=True)
         if isinstance(e, OSError) and e.errno in DISK_FULL:  # it fit the limit: the node's
             raise NodeDiskFull(
-                f"{what} needs {_bytes(total)}, and the checkpoint volume filled up during the "
-                f"download ({e.strerror}) with {_bytes(room)} free before it: {NODE_FIX}"
+                f"{what} needs {byte_count(total)}, and the checkpoint volume filled up during the "
+                f"download ({e.strerror}) with {byte_count(room)} free before it: {NODE_FIX}"
             ) from e
         raise
     elapsed = time.monotonic() - started

@@ -288,7 +288,7 @@ def _layout(env: Mapping[str, str]) -> dict[str, Any]:
 
 
 def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
-    from trainingrun.agent import restore
+    from trainingrun.agent import restore, room
 
     _agent_logging(args.verbose)
     try:
@@ -298,7 +298,7 @@ def _restore(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> i
             raise SettingsError(f"{c.ENV_RESTORE_STEP}={raw_step!r} is not a step number")
         raw_limit = env.get(c.ENV_SIZE_LIMIT)
         try:
-            size_limit = restore.parse_size(raw_limit) if raw_limit else None
+            size_limit = room.parse_size(raw_limit) if raw_limit else None
         except ValueError as e:
             raise SettingsError(f"{c.ENV_SIZE_LIMIT}: {e}") from None
         settings = restore.RestoreSettings(

@@ -18,7 +18,7 @@ from trainingrun import api
 from trainingrun.checkpoint.lookup import check_committed, read_run_manifest
 from trainingrun.checkpoint.manifest import ManifestError
 from trainingrun.contract import format_bytes
-from trainingrun.decide.pod import RunRef, run_prefix
+from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.operator.kube import Kube, load_config
 from trainingrun.operator.kubeconn import HttpError, KubeConfigError, from_kubeconfig
 from trainingrun.storage.opener import (

@@ -33,7 +33,6 @@ container writing it may print anything (a whole traceback, terminal escapes).
 
 from __future__ import annotations
 
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -42,7 +41,6 @@ from typing import Any
 
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
-    ANNOTATION_RESUME_STEP,
     EXIT_CHECKPOINT_BAD,
     EXIT_INSUFFICIENT_DISK,
     RESTORE_CONTAINER,
@@ -50,6 +48,18 @@ from trainingrun.contract import (
     TRAINER_CONTAINER,
 )
 from trainingrun.decide import reasons as R
+from trainingrun.decide.podview import (
+    after_scheduling,
+    condition_of,
+    container_status,
+    node_alive,
+    node_not_ready,
+    node_notice,
+    operators_restore,
+    pod_message,
+    statuses_of,
+    terminated_state,
+)
 
 PREEMPTING_POD_REASONS = frozenset({"Shutdown", "Evicted", "NodeLost", "Terminated", "Preempting"})
 CONFIG_ERROR = "CreateContainerConfigError"
@@ -76,13 +86,6 @@ CONFIG_CACHE_GRACE_SECONDS = 600
 # checkpoint fits spec.checkpoint.sizeLimit (or there is none) but not the node's free disk now:
 # another node, or this one later, may have room, so the attempt fails and is retried.
 NODE_DISK_FULL_MESSAGE = "insufficient disk on this node"
-# The longest message taken from a container or pod status, marker included: enough for an
-# error and its cause, short enough for a status field and an Event.
-MESSAGE_MAX = 1024
-# What becomes a space in such a message: control characters (newlines, tabs, terminal escapes,
-# C1), invisible format characters (bidirectional overrides reorder what a reader sees), lone
-# surrogates, and line and paragraph separators.
-UNPRINTED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
 
 
 class End(Enum):
@@ -109,103 +112,6 @@ class Outcome:
         return self.end is not End.NOT_ENDED
 
 
-def bounded(text: object, limit: int = MESSAGE_MAX) -> str:
-    """``text`` fit for a status message: every character of UNPRINTED_CATEGORIES a space, no
-    space at either end, and at most ``limit`` characters, the last ones a marker that counts
-    what was cut."""
-    clean = "".join(
-        " " if unicodedata.category(ch) in UNPRINTED_CATEGORIES else ch for ch in str(text)
-    ).strip()
-    if len(clean) <= limit:
-        return clean
-    keep = limit
-    for _ in range(4):  # the marker's length depends on the count it shows: three rounds do
-        marker = f" [... {len(clean) - keep} more characters]"
-        if keep + len(marker) <= limit:
-            return clean[:keep] + marker
-        keep = max(limit - len(marker), 0)
-    return clean[:limit]  # a limit too small for any marker
-
-
-def _message(obj: Mapping[str, Any], default: str = "") -> str:
-    """The ``message`` of a status, condition or container state, bounded, or ``default``."""
-    return bounded(obj.get("message") or "") or default
-
-
-def _conditions(obj: Mapping[str, Any] | None) -> list[Mapping[str, Any]]:
-    return list(((obj or {}).get("status") or {}).get("conditions") or [])
-
-
-def _condition(obj: Mapping[str, Any] | None, ctype: str) -> Mapping[str, Any] | None:
-    return next((c for c in _conditions(obj) if c.get("type") == ctype), None)
-
-
-def _statuses(pod: Mapping[str, Any], key: str) -> list[Mapping[str, Any]]:
-    return list((pod.get("status") or {}).get(key) or [])
-
-
-def parse_instant(value: object) -> datetime | None:
-    """An RFC 3339 time as the API server (``2025-01-01T12:00:00Z``) or the bucket manifest
-    (with microseconds) writes it; None when absent or malformed."""
-    if not value:
-        return None
-    try:
-        return datetime.fromisoformat(str(value))
-    except ValueError:
-        return None
-
-
-def container_status(pod: Mapping[str, Any], name: str) -> Mapping[str, Any] | None:
-    """The status of the pod's container (or init container) ``name``, None before it has one."""
-    for key in ("containerStatuses", "initContainerStatuses"):
-        for s in _statuses(pod, key):
-            if s.get("name") == name:
-                return s
-    return None
-
-
-def operators_restore(pod: Mapping[str, Any]) -> bool:
-    """The pod's ``RESTORE_CONTAINER`` is the restore the operator added (module docstring):
-    the pod carries the operator's resume annotation."""
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
-    return str(annotations.get(ANNOTATION_RESUME_STEP, "")).isdigit()
-
-
-def _terminated(status: Mapping[str, Any] | None) -> Mapping[str, Any] | None:
-    if not status:
-        return None
-    term = (status.get("state") or {}).get("terminated")
-    return term if isinstance(term, Mapping) else None
-
-
-def stops_by_itself(
-    pod: Mapping[str, Any], node: Mapping[str, Any] | None, node_deleted: bool
-) -> bool:
-    """Every main container has terminated and a Ready node runs the pod: its kubelet stops the
-    sidecar and writes the final phase, so the pod (and its logs) can be left alone."""
-    mains = _statuses(pod, "containerStatuses")
-    return bool(mains) and all(_terminated(s) for s in mains) and _node_alive(node, node_deleted)
-
-
-def node_notice(node: Mapping[str, Any] | None, notice_taints: Iterable[str]) -> str | None:
-    """The first notice taint key on the node, if any."""
-    keys = set(notice_taints)
-    for taint in ((node or {}).get("spec") or {}).get("taints") or []:
-        if taint.get("key") in keys:
-            return str(taint["key"])
-    return None
-
-
-def node_not_ready(node: Mapping[str, Any] | None) -> bool:
-    ready = _condition(node, "Ready")
-    return ready is not None and ready.get("status") != "True"
-
-
-def _node_alive(node: Mapping[str, Any] | None, node_deleted: bool) -> bool:
-    """The node is known, present and Ready: its kubelet will finish stopping the pod."""
-    return node is not None and not node_deleted and not node_not_ready(node)
-
-
 def classify(
     pod: Mapping[str, Any] | None,
     *,
@@ -225,7 +131,7 @@ def classify(
     removed = meta.get("deletionGracePeriodSeconds") == 0
 
     stopping = phase not in ("Succeeded", "Failed") and not removed
-    stopping = stopping and _node_alive(node, node_deleted)
+    stopping = stopping and node_alive(node, node_deleted)
     disrupted = _disrupted(pod, stopping)
     if disrupted is not None:
         return disrupted
@@ -235,9 +141,9 @@ def classify(
         return refused
 
     trainer_status = container_status(pod, TRAINER_CONTAINER)
-    trainer = _terminated(trainer_status)
+    trainer = terminated_state(trainer_status)
     if trainer and trainer.get("exitCode") == 0 and phase != "Failed":
-        if phase != "Succeeded" and not removed and _node_alive(node, node_deleted):
+        if phase != "Succeeded" and not removed and node_alive(node, node_deleted):
             # The kubelet now stops the sync sidecar, which commits the last checkpoint first:
             # the run ends with the pod, so its status names that checkpoint.
             return Outcome(
@@ -253,7 +159,7 @@ def classify(
         # Deleted without a DisruptionTarget (`kubectl delete pod`, a tool that deletes instead
         # of evicting): someone else's doing, since the operator deletes an attempt's pod only
         # after recording its end. Like an eviction, it waits for the save at SIGTERM.
-        if phase != "Failed" and not removed and _node_alive(node, node_deleted):
+        if phase != "Failed" and not removed and node_alive(node, node_deleted):
             return Outcome(End.NOT_ENDED, R.TERMINATING, "the pod is being deleted: saving")
         return Outcome(End.PREEMPTED, R.POD_DELETED, "the attempt's pod was deleted")
 
@@ -268,15 +174,15 @@ def _restore_refused(pod: Mapping[str, Any]) -> Outcome | None:
     """The operator's restore refused the checkpoint (module docstring): it is bad (the operator
     falls back to an older one), or it does not fit the checkpoint volume (the run fails: every
     attempt would fail the same way), or the node's disk is short now (a failed attempt)."""
-    restore = _terminated(container_status(pod, RESTORE_CONTAINER))
+    restore = terminated_state(container_status(pod, RESTORE_CONTAINER))
     if not restore or not operators_restore(pod):
         return None
     code = restore.get("exitCode")
     if code == EXIT_CHECKPOINT_BAD:
-        msg = _message(restore, "restore found the checkpoint corrupt")
+        msg = pod_message(restore, "restore found the checkpoint corrupt")
         return Outcome(End.CHECKPOINT_BAD, R.CHECKPOINT_BAD, msg)
     if code == EXIT_INSUFFICIENT_DISK:
-        msg = _message(
+        msg = pod_message(
             restore,
             "the checkpoint does not fit the checkpoint volume: raise spec.checkpoint.sizeLimit "
             "or use nodes with more disk",
@@ -302,7 +208,7 @@ def _lost_or_failed(
         return Outcome(End.PREEMPTED, R.NODE_DELETED, "the pod's node was deleted")
     if status.get("reason") in PREEMPTING_POD_REASONS:
         reason = str(status["reason"])
-        return Outcome(End.PREEMPTED, reason, _message(status, reason))
+        return Outcome(End.PREEMPTED, reason, pod_message(status, reason))
     if (pod.get("spec") or {}).get("nodeName") and node_not_ready(node):
         return Outcome(End.PREEMPTED, R.NODE_NOT_READY, "the pod's node is not ready")
     restore = _restore_beside_failed(pod)
@@ -322,30 +228,30 @@ def _disrupted(pod: Mapping[str, Any], stopping: bool) -> Outcome | None:
     manager, pod GC, kubelet): a preemption once the pod stopped; while its kubelet is still
     ``stopping`` it, not yet: the trainer saves at the next step end and the sidecar commits that
     checkpoint within the grace period, and resubmitting now would resume from an older one."""
-    disruption = _condition(pod, "DisruptionTarget")
+    disruption = condition_of(pod, "DisruptionTarget")
     if not disruption or disruption.get("status") != "True":
         return None
     reason = str(disruption.get("reason") or R.DISRUPTION_TARGET)
     if stopping:
         return Outcome(End.NOT_ENDED, R.TERMINATING, f"{reason}: saving and stopping")
-    return Outcome(End.PREEMPTED, reason, _message(disruption, reason))
+    return Outcome(End.PREEMPTED, reason, pod_message(disruption, reason))
 
 
 def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
     """A container the kubelet cannot start (bad image, missing Secret or ConfigMap): a
     permanent end, except an image pull, which gets ``IMAGE_PULL_GRACE_SECONDS`` of retries,
     and the kubelet's cache of a Secret or ConfigMap not filled yet, which waits."""
-    for s in [*_statuses(pod, "initContainerStatuses"), *_statuses(pod, "containerStatuses")]:
+    for s in [*statuses_of(pod, "initContainerStatuses"), *statuses_of(pod, "containerStatuses")]:
         waiting = (s.get("state") or {}).get("waiting") or {}
         if waiting.get("reason") not in PERMANENT_WAITING_REASONS:
             continue
-        detail = _message(waiting, str(waiting["reason"]))
+        detail = pod_message(waiting, str(waiting["reason"]))
         message = f"container {s.get('name')}: {detail}"
         if waiting["reason"] == CONFIG_ERROR and any(
             words in detail for words in CONFIG_CACHE_NOT_SYNCED
         ):
             return _config_cache_not_synced(pod, message, now)
-        deadline = _after_scheduling(pod, IMAGE_PULL_GRACE_SECONDS)
+        deadline = after_scheduling(pod, IMAGE_PULL_GRACE_SECONDS)
         pulling = waiting["reason"] in IMAGE_PULL_REASONS
         if pulling and deadline is not None and now < deadline:
             until = deadline.strftime(TIME_FORMAT)
@@ -363,7 +269,7 @@ def _stuck_waiting(pod: Mapping[str, Any], now: datetime) -> Outcome | None:
 def _config_cache_not_synced(pod: Mapping[str, Any], message: str, now: datetime) -> Outcome:
     """The kubelet could not fill its Secret or ConfigMap cache: it retries, for
     ``CONFIG_CACHE_GRACE_SECONDS`` after the pod was scheduled; then the attempt fails."""
-    deadline = _after_scheduling(pod, CONFIG_CACHE_GRACE_SECONDS)
+    deadline = after_scheduling(pod, CONFIG_CACHE_GRACE_SECONDS)
     if deadline is not None and now >= deadline:
         node = (pod.get("spec") or {}).get("nodeName")
         where = f"the kubelet of node {node}" if node else "the kubelet"
@@ -384,33 +290,12 @@ def _config_cache_not_synced(pod: Mapping[str, Any], message: str, now: datetime
     )
 
 
-def _after_scheduling(pod: Mapping[str, Any], seconds: int) -> datetime | None:
-    """``seconds`` after the pod was scheduled (``_scheduled_at``); None when unknown."""
-    since = _scheduled_at(pod)
-    return since + timedelta(seconds=seconds) if since is not None else None
-
-
-def _scheduled_at(pod: Mapping[str, Any]) -> datetime | None:
-    """When the pod was bound to its node (PodScheduled), else when it was created."""
-    scheduled = _condition(pod, "PodScheduled")
-    for value in (
-        (scheduled or {}).get("lastTransitionTime")
-        if (scheduled or {}).get("status") == "True"
-        else None,
-        (pod.get("metadata") or {}).get("creationTimestamp"),
-    ):
-        at = parse_instant(value)
-        if at is not None:
-            return at
-    return None
-
-
 def _restore_beside_failed(pod: Mapping[str, Any]) -> Mapping[str, Any] | None:
     """The operator's restore running beside the trainer (``restoreMode: AlongsideTrainer``)
     ended non-zero: the attempt ends, as the trainer waits for a checkpoint that never comes."""
-    for s in _statuses(pod, "containerStatuses"):
+    for s in statuses_of(pod, "containerStatuses"):
         if s.get("name") == RESTORE_CONTAINER and operators_restore(pod):
-            term = _terminated(s)
+            term = terminated_state(s)
             if term and term.get("exitCode") not in (0, None):
                 return term
     return None
@@ -423,18 +308,18 @@ def _failure(
 ) -> Outcome:
     """``restore``: the restore beside the trainer, when it ended non-zero."""
     if restore:
-        detail = _message(restore)
+        detail = pod_message(restore)
         msg = f"the restore exited {restore.get('exitCode')}" + (f": {detail}" if detail else "")
         return Outcome(End.FAILED, R.RESTORE_FAILED, msg)
     if trainer:
         code = trainer.get("exitCode")
         if trainer.get("reason") == R.OOM_KILLED:
             return Outcome(End.FAILED, R.OOM_KILLED, f"the trainer ran out of memory (exit {code})")
-        detail = _message(trainer)
+        detail = pod_message(trainer)
         msg = f"the trainer exited {code}" + (f": {detail}" if detail else "")
         return Outcome(End.FAILED, R.TRAINER_ERROR, msg)
-    for s in _statuses(pod, "initContainerStatuses"):
-        term = _terminated(s)
+    for s in statuses_of(pod, "initContainerStatuses"):
+        term = terminated_state(s)
         if term and term.get("exitCode") not in (0, None):
             return Outcome(
                 End.FAILED,
@@ -442,4 +327,4 @@ def _failure(
                 f"init container {s.get('name')} exited {term.get('exitCode')}",
             )
     status = pod.get("status") or {}
-    return Outcome(End.FAILED, R.POD_FAILED, _message(status, "the pod failed"))
+    return Outcome(End.FAILED, R.POD_FAILED, pod_message(status, "the pod failed"))

@@ -27,7 +27,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import End, Outcome, parse_instant
+from trainingrun.decide.classify import End, Outcome
+from trainingrun.decide.podview import parse_instant
 
 # The gravest first (G3).
 GRAVITY = (End.PREEMPTED, End.CHECKPOINT_BAD, End.PERMANENT, End.FAILED)

@@ -24,8 +24,9 @@ from datetime import datetime, timedelta
 from trainingrun.api import Condition, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_NOTICE, ANNOTATION_STOP, STOP_EVICTED, STOP_SUSPEND
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import End, Outcome, parse_instant
+from trainingrun.decide.classify import End, Outcome
 from trainingrun.decide.gang import Member
+from trainingrun.decide.podview import parse_instant
 from trainingrun.decide.status import Event, condition, condition_event, is_false, set_condition
 
 NOTICE_SUSPEND = "spec.suspend is true"

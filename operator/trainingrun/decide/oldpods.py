@@ -28,7 +28,7 @@ from enum import Enum
 from typing import Any
 
 from trainingrun.contract import LABEL_ATTEMPT, parse_time
-from trainingrun.decide.classify import node_not_ready, stops_by_itself
+from trainingrun.decide.podview import node_not_ready, stops_by_itself
 
 DEFAULT_GRACE_SECONDS = 30  # the pod's terminationGracePeriodSeconds when it has none
 

@@ -24,7 +24,7 @@ from typing import Any
 from trainingrun.api import CheckpointRef, CheckpointSpec
 from trainingrun.contract import SYNC_CONTAINER, TRAINER_CONTAINER
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import bounded, container_status, parse_instant
+from trainingrun.decide.podview import bounded, container_status, parse_instant
 
 # The start of the sync sidecar's termination message when it gives up after access denied
 # (trainingrun.agent.sidecar.AccessDeniedWatch): the kubelet restarts it, and its last state keeps

@@ -34,9 +34,10 @@ from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
 from trainingrun.decide import hold, savefit
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import Outcome, classify, parse_instant, stops_by_itself
+from trainingrun.decide.classify import Outcome, classify
 from trainingrun.decide.gang import Member, gang_outcome
-from trainingrun.decide.pod import pod_name
+from trainingrun.decide.naming import pod_name
+from trainingrun.decide.podview import parse_instant, stops_by_itself
 from trainingrun.decide.policy import Action, Counters, decide
 from trainingrun.decide.protection import awaiting_message, judge
 from trainingrun.decide.status import (

@@ -34,7 +34,7 @@ from trainingrun.checkpoint.lookup import (
     read_run_manifest_tagged,
 )
 from trainingrun.checkpoint.manifest import RunManifest
-from trainingrun.decide.pod import RunRef, run_prefix
+from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.operator.slots import Addresses, Resolve, host_port, resolve
 from trainingrun.operator.slots import EndpointBusy as EndpointBusy  # noqa: PLC0414 (re-exported)

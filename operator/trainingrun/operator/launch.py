@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from trainingrun.decide import reasons as R
-from trainingrun.decide.pod import RunRef, build_service, owned_by
+from trainingrun.decide.naming import RunRef, owned_by
+from trainingrun.decide.pod import build_service
 from trainingrun.operator.cache import ClusterView
 from trainingrun.operator.events import EventSink
 from trainingrun.operator.kube import Forbidden, Invalid

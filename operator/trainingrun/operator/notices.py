@@ -17,8 +17,8 @@ from typing import Any, Protocol
 
 from trainingrun.api import TrainingRunSpec
 from trainingrun.contract import ANNOTATION_NOTICE, LABEL_RUN
-from trainingrun.decide.classify import node_not_ready, node_notice
 from trainingrun.decide.gang import Member
+from trainingrun.decide.podview import node_not_ready, node_notice
 from trainingrun.operator.kube import Forbidden
 
 log = logging.getLogger("trainingrun.operator")

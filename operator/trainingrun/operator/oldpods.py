@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from trainingrun.decide import reasons as R
+from trainingrun.decide.naming import owned_by
 from trainingrun.decide.oldpods import (
     Asked,
     Delete,
@@ -31,7 +32,6 @@ from trainingrun.decide.oldpods import (
     old_pod,
     sweep,
 )
-from trainingrun.decide.pod import owned_by
 from trainingrun.operator.kube import ApiError
 from trainingrun.operator.metrics import OperatorMetrics
 

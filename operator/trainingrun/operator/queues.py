@@ -25,7 +25,8 @@ from trainingrun.api import TrainingRunStatus
 from trainingrun.decide import reasons as R
 from trainingrun.decide import workload as W
 from trainingrun.decide.hold import Queue
-from trainingrun.decide.pod import AgentSettings, RunRef, build_pod
+from trainingrun.decide.naming import RunRef
+from trainingrun.decide.pod import AgentSettings, build_pod
 from trainingrun.decide.status import is_finished, is_true
 from trainingrun.operator.kube import Forbidden, Invalid, NotServed
 

@@ -33,11 +33,7 @@ from trainingrun.checkpoint.manifest import ManifestError
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
-from trainingrun.decide.pod import (
-    RunRef,
-    member_names,
-    owned_by,
-)
+from trainingrun.decide.naming import RunRef, member_names, owned_by
 from trainingrun.decide.reconcile import (
     Observed,
     Plan,

@@ -20,7 +20,8 @@ from trainingrun.checkpoint.lookup import Choice
 from trainingrun.checkpoint.manifest import Layout, ManifestError, RunManifest
 from trainingrun.checkpoint.protocol import StaleAttempt
 from trainingrun.decide import reasons as R
-from trainingrun.decide.pod import AgentSettings, RunRef, build_pod, gang_name_problem, resume_of
+from trainingrun.decide.naming import RunRef, gang_name_problem
+from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reconcile import Observed, Plan, started
 from trainingrun.decide.waits import MIN_RETRY_SECONDS, Wait, secret_wait, wait, wait_over
 from trainingrun.operator.buckets import MissingSecret, RunStores, public_message

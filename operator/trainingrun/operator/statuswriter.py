@@ -9,7 +9,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 from trainingrun.api import TrainingRunStatus
-from trainingrun.decide.pod import RunRef
+from trainingrun.decide.naming import RunRef
 from trainingrun.decide.status import fail
 from trainingrun.decide.storagepolicy import refusal
 from trainingrun.decide.waits import Wait
