@@ -1,4 +1,5 @@
-"""``trainingrun``: one command, one subcommand per part.
+"""``trainingrun``: one command, one subcommand per part. This docstring is for developers; what
+``trainingrun --help`` says to users is in ``cli.helptext``.
 
 - ``trainingrun operator``: the operator (kopf; ``trainingrun.operator.handlers``).
 - ``trainingrun sync``: the checkpoint sync sidecar (configured by environment, set by the
@@ -25,16 +26,16 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import json
 import logging
 import math
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from trainingrun import __version__
 from trainingrun import contract as c
 
 
@@ -337,71 +338,26 @@ def _crd(_: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="trainingrun",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=f"trainingrun {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def main(argv: list[str] | None = None, prog: str = "trainingrun") -> int:
+    from trainingrun.cli.commandline import build_parser
 
-    op = sub.add_parser("operator", help="run the operator")
-    op.add_argument("--namespace", action="append", help="watch only these namespaces")
-    op.add_argument("--peering", default="", help="kopf peering name (for safe upgrades)")
-    op.add_argument(
-        "--liveness", default="", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
-    )
-    op.add_argument(
-        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
-    )
-    op.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")  # noqa: S104
-    op.add_argument(
-        "--leader-lease",
-        default="",
-        metavar="NAMESPACE/NAME",
-        help="run only while holding this coordination.k8s.io Lease (several replicas, one "
-        "acting; the others take over within about 12 s)",
-    )
-    op.add_argument("-v", "--verbose", action="store_true")
-    op.set_defaults(func=_operator)
-
-    sy = sub.add_parser("sync", help="run the checkpoint sync sidecar (settings from env)")
-    sy.add_argument("-v", "--verbose", action="store_true")
-    sy.set_defaults(func=_sync)
-
-    rs = sub.add_parser("restore", help="restore the chosen checkpoint (settings from env)")
-    rs.add_argument("-v", "--verbose", action="store_true")
-    rs.set_defaults(func=_restore)
-
-    def user_command(p: argparse.ArgumentParser, command: str) -> None:
-        p.add_argument("run", help="TrainingRun name")
-        p.add_argument("-n", "--namespace", help="namespace (default: the context's)")
-        p.add_argument("--kubeconfig", help="kubeconfig file (default: KUBECONFIG or ~/.kube)")
-        p.set_defaults(func=lambda a: _user(command, a))
-
-    ck = sub.add_parser("checkpoints", help="the committed checkpoints of a run")
-    ck_sub = ck.add_subparsers(dest="checkpoints_command", required=True)
-    user_command(
-        ck_sub.add_parser("list", help="committed checkpoints: step, size, time, verified"),
-        "checkpoints list",
-    )
-    user_command(
-        sub.add_parser("status", help="a run's state, budgets, checkpoint and conditions"),
-        "status",
-    )
-
-    crd = sub.add_parser("crd", help="print the TrainingRun CRD")
-    crd.set_defaults(func=_crd)
-
-    args = parser.parse_args(argv)
+    handlers: dict[str, Callable[[argparse.Namespace], int]] = {
+        "operator": _operator,
+        "sync": _sync,
+        "restore": _restore,
+        "checkpoints list": functools.partial(_user, "checkpoints list"),
+        "status": functools.partial(_user, "status"),
+        "crd": _crd,
+    }
+    args = build_parser(prog, handlers).parse_args(argv)
     result: int = args.func(args)
     return result
 
 
 def kubectl_plugin() -> int:
-    """``kubectl trainingrun ...``: kubectl runs ``kubectl-trainingrun`` from PATH."""
-    return main(sys.argv[1:])
+    """``kubectl trainingrun ...``: kubectl runs ``kubectl-trainingrun`` from PATH. The same
+    commands and help, with the examples as the user types them."""
+    return main(sys.argv[1:], prog="kubectl trainingrun")
 
 
 if __name__ == "__main__":
