@@ -73,7 +73,7 @@ composer-env: ## Build the cached virtualenv of the Composer stack (examples/com
 mindformers-env: ## Build the cached virtualenv of the MindFormers stack (tests/layout_savers/mindformers_save.py)
 	bash hack/trainer-env.sh mindformers
 
-cluster: venv tools ## Start the local control plane (kwok) and SeaweedFS, or reuse them when up
+cluster: venv tools $(if $(filter 1,$(TRAININGRUN_REAL_NODE)),node-tools) ## Start the local control plane (kwok) and SeaweedFS, or reuse them when up; TRAININGRUN_REAL_NODE=1 adds a real node
 	$(BIN)/python -m tests.localenv up
 
 cluster-down: venv ## Stop every process of the local environment and remove its state

@@ -5,8 +5,10 @@
 #   1. while the API server and the kubelet answer: the node's pods, force-deleted, so the kubelet
 #      stops them through the CRI and the CNI plugins undo their network (up to 30 s); then the
 #      Node object
-#   2. the kubelet, kube-proxy and CoreDNS; then each container task left in containerd's k8s.io namespace (SIGKILL);
-#      then containerd, its runc shims (by their -address), any process left in the node's cgroups
+#   2. the kubelet, kube-proxy, CoreDNS and the forwarder; then each container task left in
+#      containerd's k8s.io namespace (SIGKILL) and every container and sandbox (their snapshots
+#      with them; the images stay in the kept root, NODE_IMAGE_STORE); then containerd, its runc
+#      shims (by their -address), any process left in the node's cgroups
 #   3. the mounts under the state folder: the kubelet's root, pod volumes (tmpfs), sandbox
 #      /dev/shm, network namespaces (netns_mounts_under_state_dir), overlay roots
 #   4. the node's cgroups (/NAME in every hierarchy: the kubelet's cgroupRoot), deepest first
@@ -23,6 +25,7 @@ name=${NODE_NAME:-trainingrun-real-0}
 state=${NODE_STATE:-${TMPDIR:-/tmp}/trainingrun-node/$name}
 bridge=${NODE_BRIDGE:-trnode0}
 cache=${TRAININGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainingrun}
+store=${NODE_IMAGE_STORE:-$cache/node/containerd}
 sock="$state/containerd.sock"
 ctr=(ctr --address "$sock" --namespace k8s.io)
 said() { echo "removed: $*"; }
@@ -72,6 +75,10 @@ if [ -f "$state/coredns.pid" ]; then
   pid=$(cat "$state/coredns.pid")
   kill -0 "$pid" 2>/dev/null && { stop_pid "$pid" 5; said "coredns (pid $pid)"; }
 fi
+if [ -f "$state/forward.pid" ]; then
+  pid=$(cat "$state/forward.pid")
+  kill -0 "$pid" 2>/dev/null && { stop_pid "$pid" 5; said "forwarder (pid $pid)"; }
+fi
 if [ -S "$sock" ] && "${ctr[@]}" version >/dev/null 2>&1; then
   for task in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
     "${ctr[@]}" tasks kill --signal SIGKILL "$task" >/dev/null 2>&1
@@ -80,6 +87,12 @@ if [ -S "$sock" ] && "${ctr[@]}" version >/dev/null 2>&1; then
   for task in $("${ctr[@]}" tasks ls -q 2>/dev/null); do
     "${ctr[@]}" tasks delete --force "$task" >/dev/null 2>&1 && said "container task $task"
   done
+  # The root outlives the node: its containers (the sandboxes among them) and their snapshots go.
+  n=0
+  for c in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+    "${ctr[@]}" containers delete "$c" >/dev/null 2>&1 && n=$(( n + 1 ))
+  done
+  [ "$n" -gt 0 ] && said "$n containers (and sandboxes) with their snapshots"
 fi
 if [ -f "$state/containerd.pid" ]; then
   pid=$(cat "$state/containerd.pid")
@@ -170,12 +183,16 @@ fi
 for f in /var/lib/cni/results/trainingrun-node-*; do
   [ -e "$f" ] && rm -f "$f" && said "$f"
 done
-for dir in "$state"/containerd/{root,state}/io.containerd.grpc.v1.cri/sandboxes/*/; do
+for dir in "$store"/io.containerd.grpc.v1.cri/sandboxes/*/ "$state"/containerd/state/io.containerd.grpc.v1.cri/sandboxes/*/; do
   [ -d "$dir" ] || continue
   f="/var/lib/cni/results/cni-loopback-$(basename "$dir")-lo"
   [ -e "$f" ] && rm -f "$f" && said "$f"
 done
 rmdir /var/lib/cni/results /var/lib/cni 2>/dev/null && said "/var/lib/cni (empty)"
+# The CRI plugin's files of each container and sandbox in the kept root (hosts, resolv.conf).
+for dir in "$store"/io.containerd.grpc.v1.cri/{containers,sandboxes}/*/; do
+  [ -d "$dir" ] && rm -rf "$dir"
+done
 # containerd 1.6 puts every shim's socket in /run/containerd/s, whatever its state folder says.
 rmdir /run/containerd/s /run/containerd 2>/dev/null && said "/run/containerd (empty)"
 if [ -d "$state" ]; then

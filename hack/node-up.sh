@@ -6,8 +6,15 @@
 # buildah's storage, nothing is pulled:
 #   KUBECONFIG=... bash hack/node-up.sh [IMAGE...]
 # Settings (environment): NODE_NAME (trainingrun-real-0), NODE_STATE (the node's folder, default
-# ${TMPDIR:-/tmp}/trainingrun-node/$NODE_NAME), NODE_IP (the address of the default route's
-# interface), POD_SUBNET (10.245.0.0/24), SERVICE_CIDR (10.0.0.0/24), NODE_BRIDGE (trnode0).
+# ${TMPDIR:-/tmp}/trainingrun-node/$NODE_NAME), POD_SUBNET (10.245.0.0/24), SERVICE_CIDR
+# (10.0.0.0/24), NODE_BRIDGE (trnode0), NODE_IMAGE_STORE (containerd's root, kept across starts:
+# default <cache>/node/containerd), NODE_TAINTS (--register-with-taints; none), FORWARD_PORTS
+# (loopback ports that pods reach on the bridge's gateway address through hack/node-forward.py:
+# the API server's and S3's).
+# The node's address is the bridge's gateway: the kubelet, CoreDNS and the forwarder listen there
+# (or on loopback), never on the machine's own interfaces.
+# containerd's root (its images) outlives the node, so an image is imported again only when its
+# buildah image ID changed; the node's containers are removed at every start and stop.
 # The node is labelled trainingrun.dev/real-node=true and has no kwok annotation, so the kwok
 # controller (--manage-all-nodes=false) leaves it alone. hack/node-down.sh removes all it made.
 set -euo pipefail
@@ -21,21 +28,22 @@ subnet=${POD_SUBNET:-10.245.0.0/24}
 service_cidr=${SERVICE_CIDR:-10.0.0.0/24}
 bridge=${NODE_BRIDGE:-trnode0}
 pause_image=${PAUSE_IMAGE:-localhost/trainingrun/pause:1}
+cache=${TRAININGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainingrun}
+store=${NODE_IMAGE_STORE:-$cache/node/containerd}
 bin=$(bash "$here/build-node.sh")
 kubectl="$bin/kubectl"
 sock="$state/containerd.sock"
 ctr=(ctr --address "$sock" --namespace k8s.io)
-if [ -z "${NODE_IP:-}" ]; then
-  dev=$(ip -4 route show default | awk '{for (i = 1; i < NF; i++) if ($i == "dev") {print $(i + 1); exit}}')
-  NODE_IP=$(ip -4 -o addr show dev "$dev" scope global | awk '{split($4, a, "/"); print a[1]; exit}')
-fi
+# The bridge's gateway: the subnet's first address, the node's address (CoreDNS, the kubelet).
+dns_ip=$(python3 -c 'import ipaddress, sys; print(next(ipaddress.ip_network(sys.argv[1]).hosts()))' "$subnet")
+NODE_IP=$dns_ip
 
 free_port() {
   python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
 }
 # fill TEMPLATE OUT: the @NAME@ fields of hack/node's templates.
 fill() {
-  sed -e "s|@STATE@|$state|g" -e "s|@PAUSE_IMAGE@|$pause_image|g" -e "s|@BRIDGE@|$bridge|g" \
+  sed -e "s|@STATE@|$state|g" -e "s|@STORE@|$store|g" -e "s|@PAUSE_IMAGE@|$pause_image|g" -e "s|@BRIDGE@|$bridge|g" \
     -e "s|@POD_SUBNET@|$subnet|g" -e "s|@SERVICE_CIDR@|$service_cidr|g" -e "s|@CGROUP_ROOT@|/$name|g" \
     -e "s|@CLIENT_CA@|$state/ca.crt|g" -e "s|@NODE_IP@|$NODE_IP|g" \
     -e "s|@KUBELET_PORT@|$kubelet_port|g" -e "s|@HEALTHZ_PORT@|$healthz_port|g" \
@@ -53,9 +61,8 @@ if [ -f "$state/kubelet.pid" ] && kill -0 "$(cat "$state/kubelet.pid")" 2>/dev/n
   exit 0
 fi
 mkdir -p "$state/cni/net.d" "$state/pod-logs" "$state/kubelet"
+mkdir -p "$store"
 kubelet_port=$(free_port) healthz_port=$(free_port)
-# The bridge's gateway: the subnet's first address, where CoreDNS listens.
-dns_ip=$(python3 -c 'import ipaddress, sys; print(next(ipaddress.ip_network(sys.argv[1]).hosts()))' "$subnet")
 fill "$here/node/containerd.toml" "$state/containerd.toml"
 fill "$here/node/cni.conflist" "$state/cni/net.d/10-trainingrun.conflist"
 fill "$here/node/kubelet.yaml" "$state/kubelet.yaml"
@@ -90,6 +97,10 @@ if ! ip link show "$bridge" >/dev/null 2>&1; then
   ip link set "$bridge" up
 fi
 start coredns "$bin/coredns" -conf "$state/Corefile"
+if [ -n "${FORWARD_PORTS:-}" ]; then
+  # shellcheck disable=SC2086  # one argument per port
+  start forward python3 "$here/node-forward.py" --listen "$dns_ip" --to 127.0.0.1 $FORWARD_PORTS
+fi
 # The service range goes nowhere but through kube-proxy's rules: without this, a ClusterIP with no
 # rule would be forwarded out of the machine's default route.
 ip route add blackhole "$service_cidr" 2>/dev/null || true
@@ -99,24 +110,42 @@ for _ in $(seq 100); do
 done
 "${ctr[@]}" version >/dev/null
 
-# import REF: from buildah's storage into containerd's k8s.io namespace (the CRI's).
+# What a stopped node left in the kept root (containerd or the machine stopped before
+# hack/node-down.sh could run): containers and sandboxes, never images.
+for c in $("${ctr[@]}" containers ls -q 2>/dev/null); do
+  "${ctr[@]}" containers delete "$c" >/dev/null 2>&1 && echo "removed stale container $c" >&2
+done
+
+# import REF: from buildah's storage into containerd's k8s.io namespace (the CRI's), unless the
+# image of that buildah image ID is there already (a marker per reference beside the store).
+markers="$store/../imported"
+mkdir -p "$markers"
 import() {
-  local archive="$state/import.tar"
-  rm -f "$archive"
-  buildah push --quiet "$1" "docker-archive:$archive:$1"
+  local ref=$1 id marker archive="$state/import.tar"
+  id=$(buildah images --noheading --no-trunc --format '{{.ID}}' "$ref" | head -1)
+  [ -n "$id" ] || { echo "image $ref is not in buildah's storage: make images" >&2; return 1; }
+  marker="$markers/$(tr '/:' '__' <<< "$ref")"
+  if [ "$(cat "$marker" 2>/dev/null)" = "$id" ] && [ -n "$("${ctr[@]}" images ls -q "name==$ref")" ]; then
+    id=${id#sha256:}; echo "image $ref already imported (${id:0:12})" >&2
+    return 0
+  fi
+  local start_s
+  start_s=$(date +%s)
+  rm -f "$archive" "$marker"
+  buildah push --quiet "$ref" "docker-archive:$archive:$ref"
   "${ctr[@]}" images import "$archive" >/dev/null
   rm -f "$archive"
+  echo "$id" > "$marker"
+  echo "imported $ref in $(( $(date +%s) - start_s ))s" >&2
 }
 "${ctr[@]}" images import "$(dirname "$(readlink -f "$bin/pause.tar")")/pause.tar" >/dev/null
 for image in "$@"; do
-  start_s=$(date +%s)
   import "$image"
-  echo "imported $image in $(( $(date +%s) - start_s ))s" >&2
 done
 
 start kubelet "$bin/kubelet" --config "$state/kubelet.yaml" --kubeconfig "$KUBECONFIG" \
   --root-dir "$state/kubelet" --hostname-override "$name" --node-ip "$NODE_IP" \
-  --node-labels trainingrun.dev/real-node=true --v 2
+  --node-labels trainingrun.dev/real-node=true ${NODE_TAINTS:+--register-with-taints "$NODE_TAINTS"} --v 2
 # kube-proxy (iptables mode) for ClusterIPs. --masquerade-all: a pod reaching a Service whose
 # endpoint is on the same bridge gets the reply through the host; localhost node ports off, so
 # route_localnet, a machine-wide setting, stays as it is; conntrack settings left alone.

@@ -9,8 +9,15 @@
   access was revoked) and a planted one whose keys are markers a test looks for in every log
   (``extra_identity``).
 
-Everything binds to 127.0.0.1 on ports picked free at start, and state lives in a folder under the
-user's cache keyed by the checkout path, so two checkouts on one machine never collide.
+- A real node (opt-in, ``TRAININGRUN_REAL_NODE=1``): a kubelet, containerd, runc, CNI,
+  kube-proxy and CoreDNS (tests/localnode.py), on a bridge of its own. The API server is started
+  ready for it in every environment (its kubelet client certificate, the node's InternalIP, the
+  bridge's gateway as its advertised address and in its certificate), so ``up()`` adds the node
+  to an environment that runs already.
+
+Everything binds to 127.0.0.1 on ports picked free at start (the real node's pieces to the
+gateway of its bridge), and state lives in a folder under the user's cache keyed by the checkout
+path, so two checkouts on one machine never collide.
 
 Used by ``make cluster`` / ``make cluster-down`` (``python -m tests.localenv up|down|status``) and
 by the session fixtures in tests/conftest.py, which reuse an environment that is already up.
@@ -31,12 +38,14 @@ import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import boto3
 from botocore.config import Config
+
+from tests import localnode
 
 REPO = Path(__file__).resolve().parent.parent
 CACHE = Path(
@@ -99,6 +108,9 @@ class LocalEnv:
     s3_region: str
     bucket: str
     seaweedfs_pid: int
+    # The real node's name, and the S3 endpoint its pods use (the bridge's gateway), when it runs.
+    real_node: str = ""
+    node_s3_endpoint: str = ""
 
     def identity(self, name: str) -> tuple[str, str]:
         """The access key and secret key of the S3 identity ``name`` (``EXTRA_IDENTITIES``)."""
@@ -272,12 +284,22 @@ def _api_ready(bin_dir: Path, kubeconfig: Path) -> bool:
 
 def _create_cluster(name: str, bin_dir: Path, kubeconfig: Path, sdir: Path) -> None:
     config = sdir / "kwokctl.yaml"
-    # Every component binds to loopback only; kwokctl's default is 0.0.0.0.
+    apiserver_args = [
+        {"key": key, "value": value}
+        for key, value in localnode.apiserver_args(CACHE / "kwok" / "clusters" / name / "pki")
+    ]
+    # Every component binds to loopback only; kwokctl's default is 0.0.0.0. The certificate's
+    # extra names are the real node's pods' way to the API server (tests/localnode.py).
     config.write_text(
         "apiVersion: config.kwok.x-k8s.io/v1alpha1\n"
         "kind: KwokctlConfiguration\n"
         "options:\n"
         "  bindAddress: 127.0.0.1\n"
+        f"  kubeApiserverCertSANs: {json.dumps(localnode.cert_sans())}\n"
+        # Here, not as --extra-args: kwokctl 0.8 panics on a second component's second one.
+        "componentsPatches:\n"
+        "- name: kube-apiserver\n"
+        f"  extraArgs: {json.dumps(apiserver_args)}\n"
     )
     _kwokctl(bin_dir, "delete", "cluster", "--name", name, check=False)
     _log(f"creating control plane {name} (kwokctl --runtime binary)")
@@ -617,7 +639,7 @@ def up() -> LocalEnv:
     existing = load()
     if existing:
         _log(f"environment {existing.name} already up")
-        return existing
+        return ensure_real_node(existing) if localnode.wanted() else existing
     name = env_name()
     sdir = state_dir(name)
     started = time.monotonic()
@@ -645,10 +667,54 @@ def up() -> LocalEnv:
     except Exception:
         down(quiet=True)
         raise
-    env_file = sdir / "env.json"
+    _write_env(env)
+    if localnode.wanted():
+        env = ensure_real_node(env)
+    _log(f"environment {name} up in {time.monotonic() - started:.1f}s")
+    return env
+
+
+def _write_env(env: LocalEnv) -> None:
+    env_file = state_dir(env.name) / "env.json"
     env_file.write_text(json.dumps(asdict(env), indent=2))
     env_file.chmod(0o600)
-    _log(f"environment {name} up in {time.monotonic() - started:.1f}s")
+
+
+def _apiserver_args(name: str) -> list[str]:
+    """The running kube-apiserver's command line in environment ``name`` (empty when gone)."""
+    cluster = CACHE / "kwok" / "clusters" / name
+    try:
+        pid = int((cluster / "pids" / "kube-apiserver.pid").read_text().strip())
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except (OSError, ValueError):
+        return []
+
+
+def ensure_real_node(env: LocalEnv) -> LocalEnv:
+    """Starts the real node (tests/localnode.py) in ``env`` unless it runs there already; returns
+    ``env`` with the node recorded in its state file."""
+    if env.real_node and localnode.running() and localnode.owner() == env.name:
+        return env
+    args = _apiserver_args(env.name)
+    if not any(a.startswith("--kubelet-client-certificate=") for a in args):
+        raise RuntimeError(
+            f"environment {env.name} was started without the API server settings a real node "
+            "needs: make cluster-down, then start it again"
+        )
+    api_port = next(int(a.split("=", 1)[1]) for a in args if a.startswith("--secure-port="))
+    s3_port = localnode.port_of(env.s3_endpoint)
+    _log(f"starting the real node {localnode.NAME} (hack/node-up.sh)")
+    started = time.monotonic()
+    try:
+        localnode.start(env.name, env.kubeconfig, [api_port, s3_port])
+    except Exception:
+        localnode.stop(env.name, env.kubeconfig)
+        raise
+    env = replace(
+        env, real_node=localnode.NAME, node_s3_endpoint=localnode.s3_endpoint(env.s3_endpoint)
+    )
+    _write_env(env)
+    _log(f"real node {localnode.NAME} Ready in {time.monotonic() - started:.1f}s")
     return env
 
 
@@ -697,6 +763,9 @@ def down(quiet: bool = False) -> None:
     if operator_pid.exists():
         with contextlib.suppress(ValueError):
             stop_pid(int(operator_pid.read_text() or 0))
+    # The real node, while the API server still answers: its pods go through its kubelet first.
+    if not localnode.stop(name, str(sdir / "kubeconfig")):
+        _log("the real node left something behind; see the lines 'left:' above")
     kueue_pid = sdir / "kueue" / "kueue.pid"  # tests.kueue, when started
     if kueue_pid.exists():
         with contextlib.suppress(ValueError):
@@ -728,6 +797,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"control plane: kubectl --kubeconfig {env.kubeconfig} get nodes")
         print(f"S3 endpoint:   {env.s3_endpoint} (bucket {env.bucket})")
         print(f"credentials:   {state_dir(env.name) / 'env.json'}")
+        if env.real_node:
+            print(f"real node:     {env.real_node} (S3 for its pods: {env.node_s3_endpoint})")
         return 0
     if args.command == "down":
         down()
@@ -741,6 +812,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(running.kubectl("get", "nodes,namespaces"))
     print(f"S3 endpoint: {running.s3_endpoint} (bucket {running.bucket})")
+    if running.real_node:
+        print(f"real node:   {running.real_node} (S3 for its pods: {running.node_s3_endpoint})")
     return 0
 
 
