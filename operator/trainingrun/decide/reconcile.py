@@ -32,11 +32,12 @@ from typing import Any
 
 from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
-from trainingrun.decide import hold, savefit
+from trainingrun.decide import hold, notices, savefit
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome, classify
 from trainingrun.decide.gang import Member, gang_outcome
 from trainingrun.decide.naming import pod_name
+from trainingrun.decide.notices import Notice
 from trainingrun.decide.podview import parse_instant, stops_by_itself
 from trainingrun.decide.policy import Action, Counters, decide
 from trainingrun.decide.protection import awaiting_message, judge
@@ -85,6 +86,8 @@ class Plan:
     # Pods of this attempt to annotate with ``annotations`` (asked to save and stop for a hold).
     annotate: tuple[str, ...] = ()
     annotations: Mapping[str, str] = field(default_factory=dict)
+    # A preemption notice on one pod of the attempt, for the others (decide.notices).
+    notice: Notice | None = None
 
     @property
     def warns_unprotected(self) -> bool:
@@ -119,7 +122,10 @@ def plan(obs: Observed) -> Plan:
         status, fit = savefit.mark(status, grace, obs.node, obs.generation, obs.now)
         events += fit
     p = _plan(status, obs)
-    return replace(p, events=[*events, *p.events]) if events else p
+    if events:
+        p = replace(p, events=[*events, *p.events])
+    notice = notices.hand_on(obs.gang, obs.spec.preemption.notice_taints)
+    return replace(p, notice=notice) if notice is not None else p
 
 
 def _plan(status: TrainingRunStatus, obs: Observed) -> Plan:

@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
 from trainingrun.api import TrainingRunSpec
 from trainingrun.contract import ANNOTATION_NOTICE, LABEL_RUN
-from trainingrun.decide.gang import Member
 from trainingrun.decide.podview import node_not_ready, node_notice
 from trainingrun.operator.kube import Forbidden
 
@@ -107,26 +106,3 @@ class Notices:
         with self._lock:
             self._refused.discard(namespace)
         return True
-
-    def pass_on(self, members: Sequence[Member], spec: TrainingRunSpec) -> None:
-        """A notice on one pod of the attempt reaches every running pod of it: the pod whose
-        node carries one of the run's own notice taints (the node handler annotates pods on a
-        node with an operator-wide one at once), and a gang's other pods, so that every rank
-        saves at the same step end while all are alive."""
-        notice = None
-        for m in members:
-            annotations = ((m.pod or {}).get("metadata") or {}).get("annotations") or {}
-            notice = annotations.get(ANNOTATION_NOTICE) or (
-                node_notice(m.node, spec.preemption.notice_taints) if m.pod else None
-            )
-            if notice:
-                break
-        if not notice:
-            return
-        for m in members:
-            meta = (m.pod or {}).get("metadata") or {}
-            if m.pod is None or ANNOTATION_NOTICE in (meta.get("annotations") or {}):
-                continue
-            if (m.pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
-                continue
-            self._api.annotate_pod(meta["namespace"], meta["name"], {ANNOTATION_NOTICE: notice})

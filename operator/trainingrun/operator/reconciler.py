@@ -4,13 +4,12 @@ Gather: the run, the pods of its current attempt (one, or a gang's one per rank)
 nodes (from the caches, read through to the API), and, when an attempt ended, is about to be
 warned unprotected or a refresh is due, the bucket manifest. Plan: the pure
 ``trainingrun.decide.reconcile.plan``. Apply: the status is written and its Events handed to
-the sink, the pods of older attempts (and those the plan ends) are deleted until they are gone
-(``trainingrun.operator.oldpods``; a refused DELETE is retried at a later pass and never stops the
-next
-attempt), and the next attempt is started (``trainingrun.operator.starts``): its fence, its
-checkpoint,
-its pods. A start due at once writes the plan's status with the started attempt, in one write
-once the pods exist.
+the sink, a preemption notice is handed on to the attempt's other pods (``decide.notices``), the
+pods of older attempts (and those the plan ends) are deleted until they are gone
+(``trainingrun.operator.oldpods``; a refused DELETE is retried at a later pass and never stops
+the next attempt), and the next attempt is started (``trainingrun.operator.starts``): its fence,
+its checkpoint, its pods. A start due at once writes the plan's status with the started
+attempt, in one write once the pods exist.
 
 Everything outside is passed in (the Kubernetes wrapper, the stores, the Event sink, the
 metrics, the clock), so a unit test drives a ``Reconciler`` against fakes in memory.
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.checkpoint.manifest import ManifestError
+from trainingrun.contract import ANNOTATION_NOTICE
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
@@ -192,7 +192,6 @@ class Reconciler:
         which it keeps, or the next would start: only under an admission given for the
         current template)."""
         gang = observe_gang(self.view, ref, status, now)
-        self.notices.pass_on(gang, ref.spec)
         first = gang[0]
         obs = Observed(
             name=ref.name,
@@ -238,7 +237,9 @@ class Reconciler:
             wait = self.old_pods.drain_wait(
                 ref.namespace, ref.name, ref.uid, p.status.attempt, obs.now
             )
-        at_once = starting and wait is None and not p.delete_pods and not p.annotate
+        at_once = (
+            starting and wait is None and not p.delete_pods and not p.annotate and not p.notice
+        )
         if not at_once:
             self._record(run, ref, p)
         # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
@@ -251,10 +252,14 @@ class Reconciler:
         return sooner(self.starter.start(run, ref, obs, p, seen, record), again)
 
     def _record(self, run: dict[str, Any], ref: RunRef, p: Plan) -> None:
-        """The plan's status, then its Events, then the pods it asks to save and stop."""
+        """The plan's status, then its Events, then the notice handed on to the attempt's
+        other pods, then the pods it asks to save and stop."""
         self.writer.write(ref.namespace, ref.name, run.get("status") or {}, p.status)
         for ev in p.events:
             self.events.post(run, ev.type, ev.reason, ev.message)
+        if p.notice is not None:  # a notice on one pod reaches the others (decide.notices)
+            for pod in p.notice.pods:
+                self.api.annotate_pod(ref.namespace, pod, {ANNOTATION_NOTICE: p.notice.text})
         for pod in p.annotate:  # asked to save and stop for a hold (decide.hold)
             self.api.annotate_pod(ref.namespace, pod, dict(p.annotations))
 
