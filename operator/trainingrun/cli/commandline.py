@@ -46,24 +46,8 @@ def build_parser(prog: str, handlers: Mapping[str, Handler]) -> argparse.Argumen
     sub = top.add_subparsers(
         dest="command", required=True, metavar="COMMAND", prog=prog, help=argparse.SUPPRESS
     )
-
     op = add(sub, h.OPERATOR_COMMAND)
-    op.add_argument("--namespace", action="append", help="watch only these namespaces")
-    op.add_argument("--peering", default="", help="kopf peering name (for safe upgrades)")
-    op.add_argument(
-        "--liveness", default="", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
-    )
-    op.add_argument(
-        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
-    )
-    op.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")  # noqa: S104
-    op.add_argument(
-        "--leader-lease",
-        default="",
-        metavar="NAMESPACE/NAME",
-        help="run only while holding this coordination.k8s.io Lease (several replicas, one "
-        "acting; the others take over within about 12 s)",
-    )
+    _operator_options(op)
     for agent in (op, add(sub, h.SYNC), add(sub, h.RESTORE)):
         agent.add_argument("-v", "--verbose", action="store_true", help=h.VERBOSE_OPTION)
 
@@ -83,3 +67,22 @@ def build_parser(prog: str, handlers: Mapping[str, Handler]) -> argparse.Argumen
 
     add(sub, h.CRD)
     return top
+
+
+def _operator_options(op: argparse.ArgumentParser) -> None:
+    op.add_argument("--namespace", action="append", help="watch only these namespaces")
+    op.add_argument("--peering", default="", help="kopf peering name (for safe upgrades)")
+    op.add_argument(
+        "--liveness", default="", help="liveness endpoint, e.g. http://0.0.0.0:8080/healthz"
+    )
+    op.add_argument(
+        "--metrics-port", type=int, default=0, help="serve Prometheus metrics on this port (0: off)"
+    )
+    op.add_argument("--metrics-address", default="0.0.0.0", help="address of the metrics server")  # noqa: S104
+    op.add_argument(
+        "--leader-lease",
+        default="",
+        metavar="NAMESPACE/NAME",
+        help="run only while holding this coordination.k8s.io Lease (several replicas, one "
+        "acting; the others take over within about 12 s)",
+    )
