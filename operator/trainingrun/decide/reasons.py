@@ -73,6 +73,7 @@ CHECKPOINT_SKIPPED = "CheckpointSkipped"
 POD_FORBIDDEN = "PodForbidden"
 POD_NAME_TAKEN = "PodNameTaken"
 SERVICE_NAME_TAKEN = "ServiceNameTaken"  # a gang's headless Service name is another's
+SERVICE_FORBIDDEN = "ServiceForbidden"  # the API server refused a gang's headless Service
 OLD_POD_LINGERS = "OldPodLingers"  # a pod of an older attempt does not go
 
 # -- what classify saw (the detail of an ending, or of a pod not ended yet) -------------------

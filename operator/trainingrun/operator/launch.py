@@ -1,9 +1,11 @@
 """The pods of a new attempt, all ranks in one pass, and a gang's headless Service before them.
 
 A create that answers 409 means the pod exists: it is the run's own (made by an earlier pass
-that stopped before the status write) or another's, which is waited for with a ``PodNameTaken``
-Event said once a minute. A gang's Service is created once per run and remembered; one of that
-name that is not the run's gets a ``ServiceNameTaken`` Event and the attempt waits.
+that stopped before the status write) or another's, which is waited for as ``PodNameTaken``,
+its Event said again once a minute. A gang's Service is created once per run and remembered;
+one of that name that is not the run's is waited for as ``ServiceNameTaken``, one the API
+server refuses as ``ServiceForbidden``. The launcher returns why an attempt waits; the starter
+writes it to the status and posts its Event after it.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ from trainingrun.decide import reasons as R
 from trainingrun.decide.naming import RunRef, owned_by
 from trainingrun.decide.pod import build_service
 from trainingrun.operator.cache import ClusterView
-from trainingrun.operator.events import EventSink
 from trainingrun.operator.kube import Forbidden, Invalid
 from trainingrun.operator.metrics import OperatorMetrics
 from trainingrun.operator.settings import OperatorSettings
@@ -39,13 +40,15 @@ class Creator(Protocol):
 @dataclass(frozen=True)
 class Launched:
     """Rank 0's pod once every pod of the attempt exists; else when to try again and why
-    (``held``: a reason and message, already said in an Event), or why the API server rejected
-    a pod (the run fails with it)."""
+    (``held``: a reason and message for the status, and its Event after it; ``say_again``: the
+    Event is due again though the reason is not new), or why the API server rejected a pod (the
+    run fails with it). The launcher itself writes no status and posts no Event."""
 
     first: dict[str, Any] | None = None
     wait: float | None = None
     invalid: str | None = None
     held: tuple[str, str] | None = None
+    say_again: bool = False
 
 
 class Launcher:
@@ -53,14 +56,12 @@ class Launcher:
         self,
         api: Creator,
         view: ClusterView,
-        events: EventSink,
         metrics: OperatorMetrics,
         settings: OperatorSettings,
         monotonic: Callable[[], float] = time.monotonic,
     ) -> None:
         self._api = api
         self._view = view
-        self._events = events
         self._metrics = metrics
         self._settings = settings
         self._monotonic = monotonic
@@ -76,9 +77,9 @@ class Launcher:
     def launch(self, run: dict[str, Any], ref: RunRef, pods: Sequence[dict[str, Any]]) -> Launched:
         """Creates ``pods`` (rank order) and, for a gang, its Service first."""
         if len(pods) > 1:
-            held = self._service(run, ref)
-            if held is not None:
-                return Launched(wait=self._settings.resync_seconds, held=held)
+            refused = self._service(ref)
+            if refused is not None:
+                return refused
         first: dict[str, Any] | None = None
         for pod in pods:
             done = self._create(run, ref, pod)
@@ -94,22 +95,20 @@ class Launcher:
         except Forbidden as e:
             # Quota, a terminating namespace, an admission webhook: not the spec's fault.
             log.warning("%s/%s: pod %s not created: %s", namespace, ref.name, what, e)
-            self._events.post(run, "Warning", R.POD_FORBIDDEN, str(e))
             held = (R.POD_FORBIDDEN, f"pod {what} not created, retrying: {e}")
             return Launched(wait=self._settings.resync_seconds, held=held)
         except Invalid as e:
             return Launched(invalid=f"pod rejected: {e}")
         if not fresh and not owned_by(created, ref.uid):
-            wait, message = self._name_taken(run, ref, created, "pod", R.POD_NAME_TAKEN)
-            return Launched(wait=wait, held=(R.POD_NAME_TAKEN, message))
+            return self._name_taken(ref, created, "pod", R.POD_NAME_TAKEN)
         if fresh:
             self._metrics.pods_created.inc()
         self._view.pods.put((namespace, what), created)
         return Launched(first=created)
 
-    def _service(self, run: dict[str, Any], ref: RunRef) -> tuple[str, str] | None:
+    def _service(self, ref: RunRef) -> Launched | None:
         """None once the gang's headless Service exists (created now, or before by this
-        operator); else why not (a reason and message, said in an Event)."""
+        operator); else why the attempt waits."""
         key = (ref.namespace, ref.name)
         with self._lock:
             if self._service_of.get(key) == ref.uid:
@@ -119,21 +118,17 @@ class Launcher:
         except (Forbidden, Invalid) as e:
             message = f"headless service {ref.name} not created, retrying: {e}"
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
-            self._events.post(run, "Warning", R.POD_FORBIDDEN, message)
-            return R.POD_FORBIDDEN, message
+            held = (R.SERVICE_FORBIDDEN, message)
+            return Launched(wait=self._settings.resync_seconds, held=held)
         if not owned_by(service, ref.uid):
-            _, message = self._name_taken(run, ref, service, "service", R.SERVICE_NAME_TAKEN)
-            return R.SERVICE_NAME_TAKEN, message
+            return self._name_taken(ref, service, "service", R.SERVICE_NAME_TAKEN)
         with self._lock:
             self._service_of[key] = ref.uid
         return None
 
-    def _name_taken(
-        self, run: dict[str, Any], ref: RunRef, obj: Mapping[str, Any], kind: str, reason: str
-    ) -> tuple[float, str]:
+    def _name_taken(self, ref: RunRef, obj: Mapping[str, Any], kind: str, reason: str) -> Launched:
         """The name is taken by an object that is not the run's: wait for it to go (a deleted
-        run's pod of the same name is removed by the garbage collector). Returns when to try
-        again, and what was said."""
+        run's pod of the same name is removed by the garbage collector)."""
         message = name_taken_message(obj, kind)
         now, key = self._monotonic(), (ref.namespace, ref.name)
         with self._lock:
@@ -144,10 +139,9 @@ class Launcher:
                 self._said[key] = (message, now)
         if say:
             log.warning("%s/%s: %s", ref.namespace, ref.name, message)
-            self._events.post(run, "Warning", reason, message)
         # The other object is not watched (no run label, or another run's UID): poll for it.
         wait = min(self._settings.resync_seconds, self._settings.name_taken_retry_seconds)
-        return wait, message
+        return Launched(wait=wait, held=(reason, message), say_again=say)
 
 
 def name_taken_message(obj: Mapping[str, Any], kind: str = "pod") -> str:

@@ -91,7 +91,7 @@ class Reconciler:
         self.view = ClusterView(api)
         self.notices = notices or Notices(api, settings.notice_taints)
         self.old_pods = OldPods(api, self.view, events, metrics)
-        self.launcher = Launcher(api, self.view, events, metrics, settings, monotonic)
+        self.launcher = Launcher(api, self.view, metrics, settings, monotonic)
         self.queues = Queues(api, monotonic)
         self.writer = StatusWriter(api, self.view, events)
         self.starter = Starter(stores, self.launcher, self.writer, events, settings)

@@ -23,10 +23,11 @@ from trainingrun.decide import reasons as R
 from trainingrun.decide.naming import RunRef, gang_name_problem
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reconcile import Observed, Plan, started
+from trainingrun.decide.status import Event
 from trainingrun.decide.waits import MIN_RETRY_SECONDS, Wait, secret_wait, wait, wait_over
 from trainingrun.operator.buckets import MissingSecret, RunStores, public_message
 from trainingrun.operator.events import EventSink
-from trainingrun.operator.launch import Launcher
+from trainingrun.operator.launch import Launched, Launcher
 from trainingrun.operator.settings import OperatorSettings
 from trainingrun.operator.statuswriter import StatusWriter
 from trainingrun.storage.opener import StorageError, StorageMisconfigured, log_text
@@ -89,10 +90,8 @@ class Starter:
             first()
         if launched.invalid is not None:
             self.writer.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
-        if launched.held is not None:  # said in an Event by the launcher already
-            why, message = launched.held
-            held = wait(status, obs.generation, why, message, obs.now)
-            self.writer.wait(run, recorded, replace(held, event=None))
+        if launched.held is not None:
+            self.writer.wait(run, recorded, held_by(launched, status, obs))  # status, then Event
         if launched.first is None:
             return launched.wait
         new, ev = started(status, obs, launched.first)
@@ -232,3 +231,14 @@ def with_bad_steps(
     bad = [s for s in status.bad_checkpoints if s in named]
     bad += [step for step, _ in choice.rejected if step not in bad]
     return status.model_copy(update={"bad_checkpoints": bad})
+
+
+def held_by(launched: Launched, status: TrainingRunStatus, obs: Observed) -> Wait:
+    """Why the attempt's pods wait (``launched.held``), as the run's status and the Event said
+    after it: when the reason is new, or again when the launcher says it is due again."""
+    assert launched.held is not None
+    why, message = launched.held
+    held = wait(status, obs.generation, why, message, obs.now)
+    if launched.say_again and held.event is None:
+        held = replace(held, event=Event(R.event_type(why), why, message))
+    return held
