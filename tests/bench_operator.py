@@ -50,7 +50,7 @@ from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
 from tests import localenv
-from tests.benchutil import cpu_by_name, cpu_seconds, write_section
+from tests.benchutil import cpu_by_name, cpu_seconds, stamped, write_section
 from tests.integration.support import (
     OperatorProcess,
     container_status,
@@ -63,6 +63,8 @@ from trainingrun.operator.settings import OperatorSettings
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Operator: failed attempt to replacement pod"
 GANG_SECTION = "## Operator: failed gang member to the next attempt's pods"
+# Their sections of docs/benchmarks.md (benchutil.markers)
+NAME, GANG_NAME = "operator", "operator-gang"
 OPERATOR_LOG = REPO / "out" / "bench-operator.log"  # appended to, run after run
 EXITED = {"terminated": {"exitCode": 1, "reason": "Error"}}
 REPLACEMENTS = "trainingrun.dev/attempt=2"
@@ -604,16 +606,11 @@ def gang_lines(args: argparse.Namespace, m: Measured) -> tuple[list[str], bool]:
     return lines, clean
 
 
-def write(path: Path, section: str, argv: list[str] | None, lines: list[str]) -> None:
+def write(path: Path, name: str, section: str, argv: list[str] | None, lines: list[str]) -> None:
+    """Replaces this benchmark's section of ``path`` (``name``'s markers)."""
     cmd = "python -m tests.bench_operator " + " ".join(argv if argv is not None else sys.argv[1:])
-    stamp = time.strftime("%Y-%m-%d", time.gmtime())
-    text = (
-        f"{section} ({stamp})\n\n"
-        f"Command: `{cmd.strip()}` (2 cores, local kwok control plane)\n\n"
-        + "\n".join(lines)
-        + "\n"
-    )
-    write_section(path, text)
+    text = f"{section}\n\nCommand: `{cmd.strip()}`\n\n" + "\n".join(lines) + "\n"
+    write_section(path, name, stamped(text, "Local kwok control plane and SeaweedFS."))
 
 
 def measure(args: argparse.Namespace, runs: int) -> Measured:
@@ -681,7 +678,10 @@ def main(argv: list[str] | None = None) -> int:
         lines, ok = single_lines(args, sizes)
     print("\n".join(lines))
     if args.write:
-        write(args.write, SECTION if args.replicas == 1 else GANG_SECTION, argv, lines)
+        if args.replicas == 1:
+            write(args.write, NAME, SECTION, argv, lines)
+        else:
+            write(args.write, GANG_NAME, GANG_SECTION, argv, lines)
     return 0 if ok else 1
 
 

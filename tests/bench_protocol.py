@@ -32,7 +32,6 @@ Uses the local environment's SeaweedFS (``make cluster``), starting it when it i
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import resource
@@ -441,7 +440,7 @@ def report(result: dict[str, Any], command: str) -> str:
         f" (uncommitted changes on {result['head']})" if result["dirty"] else f" ({result['head']})"
     )
     lines = [
-        f"{SECTION} ({datetime.date.today().isoformat()})",
+        SECTION,
         "",
         f"Command: `{command}`",
         "",
@@ -521,7 +520,7 @@ def main(argv: list[str] | None = None) -> int:
         f"--small-repeats {args.small_repeats}"
     )
     text = report(result, command)
-    publish(text, args.write)
+    publish("protocol", text, args.write)
     return 0
 
 

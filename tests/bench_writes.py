@@ -75,7 +75,7 @@ def report(samples: dict[int, list[tuple[float, float]]], args: argparse.Namespa
         f"--rounds {args.rounds} --idle {args.idle:g} --size-mib {args.size_mib}"
     )
     lines = [
-        f"{SECTION} ({time.strftime('%Y-%m-%d')})",
+        SECTION,
         "",
         f"Command: `{command}`",
         "",
@@ -117,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--write", type=Path, help="update this markdown file's section")
     args = parser.parse_args(argv)
     text = report(run(args), args)
-    publish(text, args.write)
+    publish("writes", text, args.write)
     return 0
 
 

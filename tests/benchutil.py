@@ -1,12 +1,14 @@
 """Shared by the benchmark scripts: a process's CPU time (or that of every process with a given
 name), the contenders' order in a round, holding the kernel's free page reporting, and writing a
-section of docs/benchmarks.md in place."""
+benchmark's own section of docs/benchmarks.md in place, stamped with the date, commit and
+machine it was measured on."""
 
 from __future__ import annotations
 
 import os
 import random
 import re
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -98,9 +100,6 @@ def page_reporting_held(
         param.write_text(f"{old}\n")
 
 
-_DATED = re.compile(r" \(\d{4}-\d{2}-\d{2}\)$")
-
-
 def cpu_seconds(pid: int, children: bool = False) -> float:
     """User + system CPU seconds of a running process so far (and of its waited-for children)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -124,26 +123,65 @@ def cpu_by_name(names: frozenset[str]) -> dict[str, float]:
     return totals
 
 
-def write_section(path: Path, section: str) -> None:
-    """Puts ``section`` (markdown starting with its ``## `` heading) in place of the section with
-    the same heading, a trailing date in parentheses aside, or at the end when there is none.
-    Every other section is kept as it was."""
-    heading = _DATED.sub("", section.splitlines()[0].rstrip())
+def markers(name: str) -> tuple[str, str]:
+    """The two HTML comments around benchmark ``name``'s section of docs/benchmarks.md: the
+    section is found by them, not by its heading, so a heading can be reworded (and its
+    anchor, which other pages link to, stays free of dates)."""
+    return f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+
+
+def write_section(path: Path, name: str, section: str) -> None:
+    """Puts ``section`` (markdown starting with its ``## `` heading) between the markers of
+    ``name`` in ``path``, replacing what was there; where there is no such section, it goes at
+    the end, markers included, and a missing file starts with a title. Every byte outside the
+    markers is kept."""
+    begin, end = markers(name)
+    block = f"{begin}\n{section.strip()}\n{end}"
     text = path.read_text() if path.exists() else "# Benchmarks\n"
-    lines = text.splitlines(keepends=True)
-    starts = [i for i, line in enumerate(lines) if line.startswith("## ")]
-    mine = next((i for i in starts if _DATED.sub("", lines[i].rstrip()) == heading), None)
-    if mine is None:
-        text = text.rstrip() + "\n\n" + section
+    start = text.find(begin + "\n")
+    stop = text.find(end, start + 1) if start >= 0 else -1
+    if start >= 0 and stop >= 0:
+        text = text[:start] + block + text[stop + len(end) :]
     else:
-        end = next((i for i in starts if i > mine), len(lines))
-        after = "".join(lines[end:])
-        text = "".join(lines[:mine]) + section.rstrip() + "\n" + ("\n" + after if after else "")
-    path.write_text(text.rstrip() + "\n")
+        text = text.rstrip() + "\n\n" + block + "\n"
+    path.write_text(text)
 
 
-def publish(text: str, path: Path | None) -> None:
-    """Prints a benchmark's report and, given a markdown file, puts it in place there."""
+def _memory_gib(meminfo: Path = MEMINFO) -> float:
+    found = re.search(r"^MemTotal:\s+(\d+) kB$", meminfo.read_text(), re.MULTILINE)
+    return int(found.group(1)) / (1 << 20) if found else float("nan")
+
+
+def provenance(repo: Path | None = None) -> str:
+    """One line for the top of a section: the date (UTC), the commit measured (and whether the
+    tree differed from it) and the machine's cores and memory."""
+    repo = repo or Path(__file__).resolve().parent.parent
+
+    def git(*args: str) -> str:
+        done = subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, check=False)
+        return done.stdout.strip() if done.returncode == 0 else ""
+
+    commit = git("rev-parse", "--short", "HEAD") or "unknown"
+    if git("status", "--porcelain", "--untracked-files=no", "--", "operator"):
+        commit += " (with uncommitted changes under operator/)"
+    date = time.strftime("%Y-%m-%d", time.gmtime())
+    return (
+        f"Measured {date} at commit {commit} on {os.cpu_count()} cores, "
+        f"{_memory_gib():.0f} GiB of memory."
+    )
+
+
+def stamped(section: str, where: str | None = None) -> str:
+    """``section`` with the provenance line (and ``where``, a few words on the machine's set-up)
+    right under its heading."""
+    heading, _, body = section.strip().partition("\n")
+    line = provenance() + (f" {where}" if where else "")
+    return f"{heading}\n\n{line}\n\n{body.strip()}\n"
+
+
+def publish(name: str, text: str, path: Path | None) -> None:
+    """Prints a benchmark's report and, given a markdown file, puts it in ``name``'s section
+    there, stamped with its date, commit and machine."""
     print(text)
     if path:
-        write_section(path, text)
+        write_section(path, name, stamped(text))

@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from tests.benchutil import write_section
+from tests.benchutil import stamped, write_section
 from tests.chaos.run import Config, log, run, save
 
 SECTION = "## Chaos: every fault at once"
@@ -27,18 +26,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=Config.seed)
     p.add_argument("--report", type=Path, default=Path("out/chaos-report.json"))
     p.add_argument("--write", type=Path, help="summarise in this markdown file")
-    p.add_argument("--label", default="", help="its own section: '<heading>, <label>'")
+    p.add_argument("--label", default="", help="a few words on the run, under the heading")
     return p.parse_args(argv)
 
 
 def markdown(report: dict[str, Any], argv: list[str], label: str = "") -> str:
     cfg = report["config"]
-    stamp = time.strftime("%Y-%m-%d", time.gmtime())
-    heading = f"{SECTION}, {label}" if label else SECTION
     lines = [
-        f"{heading} ({stamp})",
+        SECTION,
         "",
-        f"Command: `python -m tests.chaos {' '.join(argv)}` (2 cores, local kwok control "
+        *([f"Run: {label}.", ""] if label else []),
+        f"Command: `python -m tests.chaos {' '.join(argv)}` (local kwok control "
         f"plane, SeaweedFS, two pod runner nodes). {cfg['runs']} runs on kwok nodes and "
         f"{cfg['real']} of examples/finetune.py ({cfg['max_steps']} steps), two operator "
         f"replicas; {cfg['fault_minutes']:g} minutes of faults (one every {cfg['mean_gap_s']} s "
@@ -111,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"faults injected {report['faults_injected']}; breaks {report['breaks_by_invariant']}")
     log(f"report: {args.report}")
     if args.write:
-        write_section(args.write, markdown(report, argv, args.label))
+        write_section(args.write, "chaos", stamped(markdown(report, argv, args.label)))
     return 1 if report["breaks"] else 0
 
 

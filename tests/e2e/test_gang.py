@@ -22,7 +22,7 @@ from typing import Any
 
 import pytest
 
-from tests.benchutil import write_section
+from tests.benchutil import stamped, write_section
 from tests.e2e import ddp_check
 from tests.e2e.example import losses, pod_spec
 from tests.e2e.test_full_chain import node_of, runner_for
@@ -212,12 +212,16 @@ def write_figures(lost: list[tuple[str, int, int, int]]) -> None:
     )
     write_section(
         Path(target),
-        "## Gang: steps lost per preemption\n\n"
-        f"Command: `{COMMAND}`\n\n"
-        f"A 2-pod run of the example (torchrun, DDP over gloo on CPU, {MAX_STEPS} steps, saves "
-        f"every {SAVE_STEPS}, {STEP_DELAY} s per step) on two pod runner nodes, preempted three "
-        "times; final weights bitwise equal to an uninterrupted 2-node run.\n\n"
-        "| preemption | last step trained | next attempt resumed from | steps lost |\n"
-        "|---|---|---|---|\n"
-        f"{rows}\n",
+        "gang",
+        stamped(
+            "## Gang: steps lost per preemption\n\n"
+            f"Command: `{COMMAND}`\n\n"
+            "A 2-pod run of the example (torchrun, DDP over gloo on CPU, "
+            f"{MAX_STEPS} steps, saves every {SAVE_STEPS}, {STEP_DELAY} s per step) on two pod "
+            "runner nodes, preempted three times; final weights bitwise equal to an "
+            "uninterrupted 2-node run.\n\n"
+            "| preemption | last step trained | next attempt resumed from | steps lost |\n"
+            "|---|---|---|---|\n"
+            f"{rows}\n",
+        ),
     )

@@ -1,10 +1,13 @@
 """benchutil.write_section: a benchmark rewrites its own section of docs/benchmarks.md only;
+benchutil.stamped: that section carries the date, commit and machine it was measured on;
 benchutil.cpu_by_name: the CPU of the processes beside the one measured;
 benchutil.page_reporting_held: the kernel's free page reporting held for a run, then put back.
 
-Covers: a section replaced in place between its neighbours (which stay byte for byte), a
-heading with a date in parentheses matched whatever the date, a new section appended, the
-first section written to a missing file under a title; the CPU of a child process found by its
+Covers: a section replaced in place between its markers (everything outside them stays byte
+for byte), found by its markers whatever its heading says, a name that starts like another's,
+a section absent from the page created at its end, and written twice kept once, the first
+section written to a missing file under a title; the stamp under the heading; every
+benchmark's markers on docs/benchmarks.md once; the CPU of a child process found by its
 command name, and a name no process has left out; the reporting order raised during the block
 and put back after it, also when the block fails, and a kernel without the setting left alone;
 the free memory written once at the start, all but what is kept, in chunks.
@@ -13,6 +16,7 @@ the free memory written once at the start, all but what is kept, in chunks.
 from __future__ import annotations
 
 import contextlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -26,71 +30,144 @@ from tests.benchutil import (
     cpu_by_name,
     cpu_seconds,
     free_bytes,
+    markers,
     page_reporting_held,
+    stamped,
     touch_free_memory,
     write_section,
+)
+
+# The names the benchmarks write under (tests/bench_*.py, tests/chaos, tests/e2e/test_gang.py)
+BENCHMARKS = (
+    "operator",
+    "operator-gang",
+    "gang",
+    "chaos",
+    "transfer",
+    "stores",
+    "resume",
+    "steptime",
+    "protocol",
+    "writes",
 )
 
 MiB = 1 << 20
 
 DOC = """# Benchmarks
 
-Intro.
+Intro, with a [link](#alpha).
 
+<!-- bench:alpha -->
 ## Alpha
 
 alpha body
+<!-- /bench:alpha -->
 
-## Beta (2026-11-01)
+Words between two sections, nobody's.
 
-old beta
+<!-- bench:alpha-gang -->
+## Alpha, in gangs
 
-## Gamma
+gang body
+<!-- /bench:alpha-gang -->
 
-gamma body
+## Written by hand
+
+hand body
 """
 
 
 @pytest.mark.parametrize(
-    ("section", "expected"),
+    ("name", "section", "expected"),
     [
         pytest.param(
+            "alpha",
             "## Alpha\n\nnew alpha\n",
             DOC.replace("alpha body", "new alpha"),
-            id="first-section-replaced",
+            id="its-section-replaced",
         ),
         pytest.param(
-            "## Beta (2026-11-23)\n\nnew beta\n",
-            DOC.replace("## Beta (2026-11-01)\n\nold beta", "## Beta (2026-11-23)\n\nnew beta"),
-            id="dated-heading-replaced",
+            "alpha",
+            "## Alpha, renamed\n\nnew alpha\n",
+            DOC.replace("## Alpha\n\nalpha body", "## Alpha, renamed\n\nnew alpha"),
+            id="found-by-its-markers-not-its-heading",
         ),
         pytest.param(
-            "## Gamma\n\nnew gamma\n",
-            DOC.replace("gamma body", "new gamma"),
-            id="last-section-replaced",
+            "alpha-gang",
+            "## Alpha, in gangs\n\nnew gang\n\n",
+            DOC.replace("gang body", "new gang"),
+            id="a-name-that-starts-like-another",
         ),
         pytest.param(
-            "## Delta\n\ndelta body\n",
-            DOC + "\n## Delta\n\ndelta body\n",
-            id="new-section-appended",
+            "beta",
+            "## Beta\n\nbeta body\n",
+            DOC + "\n<!-- bench:beta -->\n## Beta\n\nbeta body\n<!-- /bench:beta -->\n",
+            id="absent-section-created-at-the-end",
         ),
     ],
 )
-def test_write_section_replaces_only_its_own(tmp_path: Path, section: str, expected: str) -> None:
+def test_write_section_replaces_only_its_own(
+    tmp_path: Path, name: str, section: str, expected: str
+) -> None:
     path = tmp_path / "benchmarks.md"
     path.write_text(DOC)
 
-    write_section(path, section)
+    write_section(path, name, section)
 
     assert path.read_text() == expected
+
+
+def test_write_section_twice_keeps_one_copy(tmp_path: Path) -> None:
+    path = tmp_path / "benchmarks.md"
+    path.write_text(DOC)
+
+    write_section(path, "beta", "## Beta\n\nfirst\n")
+    write_section(path, "beta", "## Beta\n\nsecond\n")
+    write_section(path, "alpha", "## Alpha\n\nagain\n")
+
+    text = path.read_text()
+    assert text.count("<!-- bench:beta -->") == 1
+    assert "first" not in text
+    assert "second" in text
+    assert (
+        text.replace("again", "alpha body").replace(
+            "\n<!-- bench:beta -->\n## Beta\n\nsecond\n<!-- /bench:beta -->\n", ""
+        )
+        == DOC
+    )
 
 
 def test_write_section_to_a_missing_file(tmp_path: Path) -> None:
     path = tmp_path / "benchmarks.md"
 
-    write_section(path, "## Alpha\n\nbody\n")
+    write_section(path, "alpha", "## Alpha\n\nbody\n")
 
-    assert path.read_text() == "# Benchmarks\n\n## Alpha\n\nbody\n"
+    assert path.read_text() == (
+        "# Benchmarks\n\n<!-- bench:alpha -->\n## Alpha\n\nbody\n<!-- /bench:alpha -->\n"
+    )
+
+
+def test_a_section_is_stamped_under_its_heading() -> None:
+    text = stamped("## Alpha\n\nCommand: `x`\n", "Local environment.")
+
+    heading, blank, line, *rest = text.splitlines()
+    assert (heading, blank) == ("## Alpha", "")
+    assert re.fullmatch(
+        r"Measured \d{4}-\d{2}-\d{2} at commit \S+( \(with uncommitted changes under "
+        r"operator/\))? on \d+ cores, \d+ GiB of memory\. Local environment\.",
+        line,
+    ), line
+    assert rest == ["", "Command: `x`"]
+
+
+def test_the_page_names_each_benchmark_section_once() -> None:
+    """Each benchmark that writes docs/benchmarks.md finds its markers there exactly once."""
+    page = (Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md").read_text()
+    for name in BENCHMARKS:
+        begin, end = markers(name)
+        assert page.count(begin + "\n") == 1, name
+        assert page.count(end) == 1, name
+        assert page.index(begin) < page.index(end), name
 
 
 # Names itself, spins for 0.3 s of CPU, says so, and waits to be killed.
