@@ -31,6 +31,7 @@ from tests.integration.agents import S3, PrivateSeaweedFS
 from tests.integration.stores import Bucket
 from tests.integration.support import OperatorProcess, Runs, wait_for
 from tests.minio import Minio
+from tests.podrunner import RunnerHandle, start_runner
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -148,10 +149,15 @@ def seaweedfs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3]:
 
 
 @pytest.fixture
-def bucket_env(localenv: localenv_mod.LocalEnv) -> localenv_mod.LocalEnv:
-    """The SeaweedFS of the ``bucket`` fixture's s3:// case: the environment's, which the
-    operator's tests need; a module beside the cluster overrides it with ``seaweedfs``."""
-    return localenv
+def bucket_env(request: pytest.FixtureRequest) -> localenv_mod.LocalEnv:
+    """The SeaweedFS of the ``bucket`` fixture's s3:// case and of ``s3``: the environment's,
+    which the operator's tests need; for a module ``BESIDE_THE_CLUSTER``, the session's own
+    (``seaweedfs``), so that the module never asks for the environment."""
+    if _module(request.node.nodeid) in BESIDE_THE_CLUSTER:
+        own: S3 = request.getfixturevalue("seaweedfs")
+        return own.as_localenv()
+    env: localenv_mod.LocalEnv = request.getfixturevalue("localenv")
+    return env
 
 
 @pytest.fixture(scope="session")
@@ -186,9 +192,27 @@ def core_v1(api_client: Any) -> Any:
     return client.CoreV1Api(api_client)
 
 
+@pytest.fixture
+def s3(bucket_env: localenv_mod.LocalEnv) -> Any:
+    """A boto3 client of ``bucket_env``'s SeaweedFS."""
+    return localenv_mod.s3_client(bucket_env)
+
+
 @pytest.fixture(scope="session")
-def s3(localenv: localenv_mod.LocalEnv) -> Any:
-    return localenv_mod.s3_client(localenv)
+def helm() -> Path:
+    """The helm binary, built from its Go module by hack/build-tools.sh (cached)."""
+    path = localenv_mod.build_tools() / "helm"
+    assert path.exists(), f"{path} is missing: hack/build-tools.sh should have built it"
+    return path
+
+
+@pytest.fixture(scope="module")
+def runner(localenv: localenv_mod.LocalEnv) -> Iterator[RunnerHandle]:
+    """One local pod runner node for the module; its log's tail is printed when it stops."""
+    handle = start_runner(localenv)
+    yield handle
+    handle.stop()
+    print(f"--- runner log (last 3000 chars) ---\n{handle.runner_log()[-3000:]}")
 
 
 @pytest.fixture
@@ -318,6 +342,22 @@ def kueue(localenv: localenv_mod.LocalEnv) -> Iterator[kueue_mod.Kueue]:
     yield running
     if started_here and not os.environ.get("TRAININGRUN_KEEP_ENV"):
         kueue_mod.down(localenv.name)
+
+
+@pytest.fixture
+def queue(
+    request: pytest.FixtureRequest,
+    localenv: localenv_mod.LocalEnv,
+    kueue: kueue_mod.Kueue,
+    namespace: str,
+) -> Iterator[str]:
+    """A Kueue queue named after the test's namespace, as the test module's ``QUEUE_QUOTA``
+    (a ``kueue.QueueQuota``) says; the cluster-scoped objects go afterwards."""
+    quota: kueue_mod.QueueQuota = request.module.QUEUE_QUOTA
+    with kueue_mod.queue_for_test(
+        localenv, namespace, quota.cpu, quota.memory, quota.priorities
+    ) as name:
+        yield name
 
 
 @pytest.fixture

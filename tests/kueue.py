@@ -534,6 +534,17 @@ def priority_class(env: LocalEnv, name: str, value: int) -> str:
     return name
 
 
+@dataclass(frozen=True)
+class QueueQuota:
+    """The queue a test module gets from the ``queue`` fixture (tests/conftest.py), which reads
+    it from the module's ``QUEUE_QUOTA``: its ClusterQueue's quota, and a
+    WorkloadPriorityClass ``<queue><suffix>`` of each value in ``priorities``."""
+
+    cpu: str
+    memory: str
+    priorities: dict[str, int]
+
+
 @contextlib.contextmanager
 def queue_for_test(
     env: LocalEnv, namespace: str, cpu: str, memory: str, priorities: dict[str, int]

@@ -249,13 +249,13 @@ class Observer:
         self.stop = threading.Event()
         self.watches = [
             Resumable(
-                "pods", core.list_namespaced_pod, self._pod, self.stop, deadline, namespace=ns
+                "pods", core.list_namespaced_pod, self.on_pod, self.stop, deadline, namespace=ns
             ),
-            Resumable("nodes", core.list_node, self._node, self.stop, deadline),
+            Resumable("nodes", core.list_node, self.on_node, self.stop, deadline),
             Resumable(
                 "runs",
                 custom.list_namespaced_custom_object,
-                self._run,
+                self.on_run,
                 self.stop,
                 deadline,
                 group=api.GROUP,
@@ -265,7 +265,7 @@ class Observer:
             ),
         ]
         self.loops = [
-            threading.Thread(target=self._every, args=(1.0, self._judge, deadline), daemon=True),
+            threading.Thread(target=self._every, args=(1.0, self.judge, deadline), daemon=True),
             threading.Thread(target=self._every, args=(2.0, self._scan, deadline), daemon=True),
             threading.Thread(target=self._every, args=(5.0, self._sample, deadline), daemon=True),
         ]
@@ -288,7 +288,7 @@ class Observer:
 
     # -- watches ----------------------------------------------------------------------------
 
-    def _pod(self, kind: str, pod: Any) -> None:
+    def on_pod(self, kind: str, pod: Any) -> None:
         view = pod_view(pod)
         if view is None:
             return
@@ -322,7 +322,7 @@ class Observer:
             led.pods[uid] = view
             led.seen[uid] = view
 
-    def _node(self, kind: str, node: Any) -> None:
+    def on_node(self, kind: str, node: Any) -> None:
         led = self.ledger
         ready = kind != "DELETED" and any(
             c.type == "Ready" and c.status == "True"
@@ -333,7 +333,7 @@ class Observer:
             if not ready:
                 led.node_faulted[node.metadata.name] = led.now()
 
-    def _run(self, kind: str, run: dict[str, Any]) -> None:
+    def on_run(self, kind: str, run: dict[str, Any]) -> None:
         led = self.ledger
         name = run["metadata"]["name"]
         status = run.get("status") or {}
@@ -348,7 +348,7 @@ class Observer:
 
     # -- periodic ---------------------------------------------------------------------------
 
-    def _judge(self) -> None:
+    def judge(self) -> None:
         """An older attempt's pod that looked live when a new one appeared breaks the invariant
         unless its node was NotReady or gone around then (the watches of pods and nodes are
         separate streams, so the node's change may arrive a moment after the pod's)."""
@@ -384,9 +384,9 @@ class Observer:
                     )
                     for page in pages:
                         for obj in page.get("Contents", []):
-                            self._object(obj["Key"], obj["ETag"], obj["Size"])
+                            self.see_object(obj["Key"], obj["ETag"], obj["Size"])
 
-    def _object(self, key: str, etag: str, size: int) -> None:
+    def see_object(self, key: str, etag: str, size: int) -> None:
         led = self.ledger
         with led.lock:
             led.checks["committed object looks"] += 1

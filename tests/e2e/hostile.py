@@ -31,8 +31,8 @@ from tests.e2e.tenancy import (
     Trickle,
     base_uri,
     on_runner,
-    run_key,
     tenant_run,
+    tenant_run_key,
 )
 from tests.integration.support import Runs, commit_checkpoint
 from tests.localenv import LocalEnv
@@ -122,7 +122,7 @@ class Tenant:
         return on_runner(body, self.node, script)
 
     def key(self, name: str) -> str:
-        return run_key(self.runs.namespace, name)
+        return tenant_run_key(self.runs.namespace, name)
 
     def put_manifest(self, name: str, data: bytes) -> None:
         self.s3.put_object(

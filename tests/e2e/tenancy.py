@@ -130,7 +130,7 @@ def tenant_run(name: str, env: LocalEnv, namespace: str, **kwargs: Any) -> dict[
     return body
 
 
-def run_key(namespace: str, name: str) -> str:
+def tenant_run_key(namespace: str, name: str) -> str:
     """Where a ``tenant_run``'s checkpoints live in the bucket."""
     return f"tenants/{namespace}/{namespace}/{name}"
 
@@ -158,7 +158,7 @@ class Witness:
 
     def preempt(self) -> float:
         self.step += 1
-        key = run_key(self.runs.namespace, self.name)
+        key = tenant_run_key(self.runs.namespace, self.name)
         commit_checkpoint(self.s3, self.env.bucket, key, self.step, {"w.bin": b"x" * 64})
         self.runs.wait_status(
             self.name,

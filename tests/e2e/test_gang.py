@@ -48,7 +48,7 @@ COMMAND = "TRAININGRUN_WRITE_BENCHMARKS=docs/benchmarks.md .venv/bin/pytest test
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
+def gang_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
     """An uninterrupted 2-node run of the same arguments, as local processes."""
     work = tmp_path_factory.mktemp("gang-reference")
     gang = ddp_check.start(work, "reference", steps=(MAX_STEPS, SAVE_STEPS))
@@ -138,9 +138,9 @@ def test_three_preemptions_of_a_gang_resume_to_the_uninterrupted_weights(
     core_v1: Any,
     s3: Any,
     tmp_path: Path,
-    reference: tuple[bytes, dict[int, float]],
+    gang_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, reference_losses = reference
+    weights, reference_losses = gang_reference
     rng = random.Random(SEED)
     nodes = [h.node for h in runner_nodes]
     runs.create(gang_run("gang", localenv, prefix, tmp_path, nodes))

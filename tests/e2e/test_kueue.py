@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,14 +35,8 @@ pytestmark = pytest.mark.usefixtures("operator")
 
 QUEUE_LABEL, PRIORITY_LABEL = "kueue.x-k8s.io/queue-name", "kueue.x-k8s.io/priority-class"
 REQUESTS = {"requests": {"cpu": "1", "memory": "256Mi"}}  # quota 1.5 cpu: one run at a time
-
-
-@pytest.fixture
-def queue(localenv: LocalEnv, kueue: kueue_mod.Kueue, namespace: str) -> Iterator[str]:
-    """A queue with quota for one run, and priority classes ``<queue>-low`` and ``-high``."""
-    priorities = {"-low": 100, "-high": 1000}
-    with kueue_mod.queue_for_test(localenv, namespace, "1500m", "4Gi", priorities) as name:
-        yield name
+# The ``queue`` fixture's: quota for one run, priority classes ``<queue>-low`` and ``-high``.
+QUEUE_QUOTA = kueue_mod.QueueQuota("1500m", "4Gi", {"-low": 100, "-high": 1000})
 
 
 def queued(body: dict[str, Any], queue: str, priority: str) -> dict[str, Any]:

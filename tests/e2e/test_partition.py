@@ -57,7 +57,7 @@ WATCH_LIMIT_S = 600
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
+def partition_reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[bytes, dict[int, float]]:
     """The uninterrupted run of the same spec, as a plain local process."""
     return uninterrupted(tmp_path_factory.mktemp("reference"), MAX_STEPS, SAVE_STEPS)
 
@@ -328,9 +328,9 @@ def test_partitioned_attempt_commits_nothing_and_changes_no_committed_byte(
     core_v1: Any,
     s3: Any,
     tmp_path: Path,
-    reference: tuple[bytes, dict[int, float]],
+    partition_reference: tuple[bytes, dict[int, float]],
 ) -> None:
-    weights, reference_losses = reference
+    weights, reference_losses = partition_reference
     scene = Scene(runs, localenv, prefix, tmp_path)
     runs.create(
         partition_run(scene.name, localenv, prefix, tmp_path, [h.node for h in runner_nodes])

@@ -53,7 +53,7 @@ from tests.integration.support import (
     wait_for,
 )
 from tests.localenv import LocalEnv
-from tests.podrunner import RunnerHandle, start_runner
+from tests.podrunner import RunnerHandle
 from trainingrun import api
 
 # Seconds from the witness's eviction to its next attempt's pod, at most, while the tenants
@@ -137,13 +137,6 @@ def tenant_operator(
         proc.start()
         yield proc
         proc.stop()
-
-
-@pytest.fixture(scope="module")
-def runner(localenv: LocalEnv) -> Iterator[RunnerHandle]:
-    handle = start_runner(localenv)
-    yield handle
-    handle.stop()
 
 
 @pytest.fixture(scope="module")

@@ -84,7 +84,7 @@ class Reference:
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
+def uninterrupted_reference(tmp_path_factory: pytest.TempPathFactory) -> Reference:
     """An uninterrupted run: every checkpoint marked complete, final weights in final/."""
     work = tmp_path_factory.mktemp("uninterrupted")
     ckdir = work / "ck"
@@ -130,7 +130,7 @@ def stop_step(case: str) -> int:
     ],
 )
 def test_stop_and_resume_is_exact(
-    tmp_path: Path, reference: Reference, how: str, resume: str
+    tmp_path: Path, uninterrupted_reference: Reference, how: str, resume: str
 ) -> None:
     ckdir = tmp_path / "ck"
     first_log, second_log = tmp_path / "loss-1.jsonl", tmp_path / "loss-2.jsonl"
@@ -168,7 +168,7 @@ def test_stop_and_resume_is_exact(
     assert not (ckdir / "final").exists(), "a stopped run must not write final weights"
     before = losses(first_log)
     assert set(range(1, saved + 1)) <= set(before)
-    assert all(before[s] == reference.losses[s] for s in before)
+    assert all(before[s] == uninterrupted_reference.losses[s] for s in before)
 
     # The next attempt: a fresh process resuming from the saved checkpoint.
     (ckdir / local.CONTROL_DIR / local.SAVE_NOW).unlink(missing_ok=True)  # a new pod's volume
@@ -177,15 +177,15 @@ def test_stop_and_resume_is_exact(
     else:
         proc = start(ckdir, second_log, "--resume=output-dir")
     finish(proc, 0)
-    assert (ckdir / "final" / "model.safetensors").read_bytes() == reference.weights
+    assert (ckdir / "final" / "model.safetensors").read_bytes() == uninterrupted_reference.weights
     after = losses(second_log)
     assert sorted(after) == list(range(saved + 1, MAX_STEPS + 1))
-    differing = [s for s in after if after[s] != reference.losses[s]]
+    differing = [s for s in after if after[s] != uninterrupted_reference.losses[s]]
     assert not differing, f"loss differs after the resume point at steps {differing}"
 
 
 def test_resume_from_the_last_step_trains_nothing_more(
-    tmp_path: Path, reference: Reference
+    tmp_path: Path, uninterrupted_reference: Reference
 ) -> None:
     """An attempt that stopped after its last save but before it exited: the next one resumes
     from checkpoint-<max steps> and must end with the same weights without training a step
@@ -193,11 +193,11 @@ def test_resume_from_the_last_step_trains_nothing_more(
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
     last = f"checkpoint-{MAX_STEPS}"
-    shutil.copytree(reference.ckdir / last, ckdir / last)
+    shutil.copytree(uninterrupted_reference.ckdir / last, ckdir / last)
     log_path = tmp_path / "loss.jsonl"
 
     finish(start(ckdir, log_path, resume_from=str(ckdir / last)), 0)
 
     assert checkpoints(ckdir) == [MAX_STEPS]
-    assert (ckdir / "final" / "model.safetensors").read_bytes() == reference.weights
+    assert (ckdir / "final" / "model.safetensors").read_bytes() == uninterrupted_reference.weights
     assert not log_path.exists() or losses(log_path) == {}

@@ -31,7 +31,6 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
-from tests import localenv as localenv_mod
 from tests.chart import rbac
 from tests.integration.support import Runs, credentials_secret, trainingrun, wait_for
 from tests.localenv import LocalEnv
@@ -39,13 +38,6 @@ from trainingrun import api
 from trainingrun.contract import ANNOTATION_NOTICE
 
 CHART = Path(__file__).resolve().parents[2] / "charts" / "trainingrun"
-
-
-@pytest.fixture(scope="module")
-def helm() -> Path:
-    path = localenv_mod.build_tools() / "helm"
-    assert path.exists(), f"{path} is missing: hack/build-tools.sh should have built it"
-    return path
 
 
 class Release:

@@ -12,11 +12,8 @@ whose TrainingRun is gone is finished by Kueue (OwnerNotFound).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
-
-import pytest
 
 from tests import kueue as kueue_mod
 from tests.integration.support import trainingrun, wait_for
@@ -24,14 +21,8 @@ from tests.localenv import LocalEnv
 from trainingrun import api
 
 TIMEOUT_S = 30
-
-
-@pytest.fixture
-def queue(localenv: LocalEnv, kueue: kueue_mod.Kueue, namespace: str) -> Iterator[str]:
-    """A queue with quota for one cpu, named after the test's namespace, and a priority class
-    of the same name (value 1000); the cluster-scoped objects go afterwards."""
-    with kueue_mod.queue_for_test(localenv, namespace, "1", "1Gi", {"": 1000}) as name:
-        yield name
+# The ``queue`` fixture's: quota for one cpu, a priority class of the queue's name (1000).
+QUEUE_QUOTA = kueue_mod.QueueQuota("1", "1Gi", {"": 1000})
 
 
 def workload(

@@ -44,7 +44,7 @@ from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD, LABEL_A
 pytestmark = pytest.mark.usefixtures("operator")
 
 
-def run_key(prefix: str, namespace: str, name: str) -> str:
+def run_prefix(prefix: str, namespace: str, name: str) -> str:
     return f"{prefix}/{namespace}/{name}"
 
 
@@ -72,7 +72,7 @@ def test_failed_attempt_resubmits_from_newest_checkpoint_as_restart(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
 ) -> None:
     start(runs, localenv, prefix, "fail", kwok_node())
-    key = run_key(prefix, runs.namespace, "fail")
+    key = run_prefix(prefix, runs.namespace, "fail")
     commit_checkpoint(s3, localenv.bucket, key, 10, {"model.safetensors": b"w" * 100})
     commit_checkpoint(s3, localenv.bucket, key, 20, {"model.safetensors": b"x" * 120})
     runs.end_pod("fail-1", 1)
@@ -313,7 +313,7 @@ def test_missing_object_in_newest_checkpoint_falls_back_to_previous(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
 ) -> None:
     start(runs, localenv, prefix, "fallback", kwok_node())
-    key = run_key(prefix, runs.namespace, "fallback")
+    key = run_prefix(prefix, runs.namespace, "fallback")
     commit_checkpoint(s3, localenv.bucket, key, 5, {"w.bin": b"a" * 10, "opt.bin": b"b" * 5})
     commit_checkpoint(s3, localenv.bucket, key, 9, {"w.bin": b"c" * 10, "opt.bin": b"d" * 5})
     s3.delete_object(Bucket=localenv.bucket, Key=f"{key}/checkpoints/checkpoint-9/opt.bin")
@@ -329,7 +329,7 @@ def test_checkpoint_reported_corrupt_by_restore_is_marked_bad(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
 ) -> None:
     start(runs, localenv, prefix, "corrupt", kwok_node())
-    key = run_key(prefix, runs.namespace, "corrupt")
+    key = run_prefix(prefix, runs.namespace, "corrupt")
     commit_checkpoint(s3, localenv.bucket, key, 3, {"w.bin": b"1" * 8})
     commit_checkpoint(s3, localenv.bucket, key, 6, {"w.bin": b"2" * 8})
     runs.end_pod("corrupt-1", 1)
@@ -460,7 +460,9 @@ def test_kubectl_get_shows_live_columns(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
 ) -> None:
     start(runs, localenv, prefix, "cols", kwok_node())
-    commit_checkpoint(s3, localenv.bucket, run_key(prefix, runs.namespace, "cols"), 42, {"w": b"1"})
+    commit_checkpoint(
+        s3, localenv.bucket, run_prefix(prefix, runs.namespace, "cols"), 42, {"w": b"1"}
+    )
     runs.end_pod("cols-1", 1)
     runs.wait_status("cols", lambda s: s.get("activePod") == "cols-2", 30, "attempt 2")
     out = localenv.kubectl("get", "trainingruns", "-n", runs.namespace)
@@ -526,7 +528,7 @@ def test_deleting_a_run_removes_its_pod_and_keeps_the_bucket(
     runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
 ) -> None:
     start(runs, localenv, prefix, "bye", kwok_node())
-    key = run_key(prefix, runs.namespace, "bye")
+    key = run_prefix(prefix, runs.namespace, "bye")
     commit_checkpoint(s3, localenv.bucket, key, 7, {"w.bin": b"7" * 16})
     runs.delete("bye")
     wait_for(lambda: runs.pods_of("bye") == [], 60, "the run's pods to be garbage collected")

@@ -22,7 +22,6 @@ import re
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,14 +38,6 @@ from tests.podrunner.node import LEASE_NAMESPACE, LEASE_RENEW_S
 
 # A mount point no other test uses, so nothing leaks to or from the host's own folders.
 SCRATCH = "/tr-podrunner-test/data"
-
-
-@pytest.fixture(scope="module")
-def runner(localenv: LocalEnv) -> Iterator[RunnerHandle]:
-    handle = start_runner(localenv)
-    yield handle
-    handle.stop()
-    print(f"--- runner log (last 3000 chars) ---\n{handle.runner_log()[-3000:]}")
 
 
 def sh(name: str, script: str, **extra: Any) -> dict[str, Any]:

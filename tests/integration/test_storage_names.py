@@ -39,21 +39,10 @@ MiB = 1 << 20
 
 
 @pytest.fixture
-def s3env(seaweedfs: S3) -> localenv_mod.LocalEnv:
-    """The session's own SeaweedFS: these tests run beside the cluster's."""
-    return seaweedfs.as_localenv()
-
-
-@pytest.fixture
-def s3(s3env: localenv_mod.LocalEnv) -> Any:
-    return localenv_mod.s3_client(s3env)
-
-
-@pytest.fixture
-def named_bucket(s3env: localenv_mod.LocalEnv, s3: Any) -> Iterator[str]:
+def named_bucket(bucket_env: localenv_mod.LocalEnv, s3: Any) -> Iterator[str]:
     """A new bucket with "bucket" in its name, emptied and removed afterwards."""
     name = f"my-bucket-{uuid.uuid4().hex[:8]}"
-    localenv_mod.ensure_bucket(dataclasses.replace(s3env, bucket=name))
+    localenv_mod.ensure_bucket(dataclasses.replace(bucket_env, bucket=name))
     yield name
     for page in s3.get_paginator("list_objects_v2").paginate(Bucket=name):
         objects = [{"Key": o["Key"]} for o in page.get("Contents") or []]
@@ -62,32 +51,32 @@ def named_bucket(s3env: localenv_mod.LocalEnv, s3: Any) -> Iterator[str]:
     s3.delete_bucket(Bucket=name)
 
 
-def _store(s3env: localenv_mod.LocalEnv, bucket: str) -> Store:
-    creds = Credentials(s3env.s3_access_key, s3env.s3_secret_key)
-    return S3Store(make_client(s3env.s3_endpoint, s3env.s3_region, creds), bucket)
+def _store(bucket_env: localenv_mod.LocalEnv, bucket: str) -> Store:
+    creds = Credentials(bucket_env.s3_access_key, bucket_env.s3_secret_key)
+    return S3Store(make_client(bucket_env.s3_endpoint, bucket_env.s3_region, creds), bucket)
 
 
 def test_missing_objects_read_as_none_in_a_bucket_named_bucket(
-    s3env: localenv_mod.LocalEnv, named_bucket: str
+    bucket_env: localenv_mod.LocalEnv, named_bucket: str
 ) -> None:
-    store = _store(s3env, named_bucket)
+    store = _store(bucket_env, named_bucket)
     key = Location(named_bucket, f"bucket-runs/{uuid.uuid4().hex[:8]}").key(RUN_MANIFEST)
 
     assert store.get(key) is None
     assert store.get_with_etag(key) is None
     assert store.head(key) is None
     with pytest.raises(BucketNotFound, match="does not exist: create it first"):
-        _store(s3env, f"no-such-bucket-{uuid.uuid4().hex[:8]}").get(key)
+        _store(bucket_env, f"no-such-bucket-{uuid.uuid4().hex[:8]}").get(key)
 
 
 def test_sync_commits_into_a_bucket_named_bucket(
-    s3env: localenv_mod.LocalEnv, s3: Any, named_bucket: str, tmp_path: Path
+    bucket_env: localenv_mod.LocalEnv, s3: Any, named_bucket: str, tmp_path: Path
 ) -> None:
     run_key = f"bucket-runs/{uuid.uuid4().hex[:8]}"
     ckdir = tmp_path / "ck"
     make_checkpoint(ckdir, 10, {"model.safetensors": 2 * MiB, "optimizer.pt": 3000})
     env = agent_env(
-        dataclasses.replace(S3.of(s3env), bucket=named_bucket),
+        dataclasses.replace(S3.of(bucket_env), bucket=named_bucket),
         f"s3://{named_bucket}/{run_key}",
         ckdir,
     )
@@ -100,7 +89,9 @@ def test_sync_commits_into_a_bucket_named_bucket(
 
     assert manifest["latest"] == 10
     assert "checkpoint-10 committed" in proc.log()
-    choice = choose_checkpoint(_store(s3env, named_bucket), Location(named_bucket, run_key), set())
+    choice = choose_checkpoint(
+        _store(bucket_env, named_bucket), Location(named_bucket, run_key), set()
+    )
     assert choice.entry is not None
     assert choice.entry.step == 10
     assert choice.rejected == []

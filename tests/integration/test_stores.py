@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from tests.integration.agents import (
-    S3,
     SyncProcess,
     make_checkpoint,
     run_restore,
@@ -32,7 +31,6 @@ from tests.integration.agents import (
 from tests.integration.stores import Bucket
 from tests.integration.support import commit_checkpoint_to, wait_for
 from tests.integration.test_sync_restore import same_tree
-from tests.localenv import LocalEnv
 from trainingrun.checkpoint.commit import Capabilities, Committer, take_fence
 from trainingrun.checkpoint.manifest import MANIFEST_VERSION, PACK_DIR, CheckpointManifest
 from trainingrun.contract import EXIT_CHECKPOINT_BAD
@@ -41,12 +39,6 @@ from trainingrun.storage.checksum import CRC32C
 MiB = 1 << 20
 # Where the first attempt's sidecar uploads checkpoint-40's large file, relative to the run.
 LARGE_KEY = "checkpoints/checkpoint-40/e1/r0/model.safetensors"
-
-
-@pytest.fixture
-def bucket_env(seaweedfs: S3) -> LocalEnv:
-    """The s3:// case on the session's own SeaweedFS: these tests run beside the cluster's."""
-    return seaweedfs.as_localenv()
 
 
 def test_sigkill_mid_upload_commits_nothing_partial_then_restart_commits(

@@ -35,7 +35,7 @@ from tests.localenv import free_ports
 from trainingrun.checkpoint import local
 from trainingrun.checkpoint.manifest import PACK_DIR
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD
-from trainingrun.storage.s3.store import READ_BLOCK, S3Store, _socket_reader
+from trainingrun.storage.s3.store import READ_BLOCK, S3Store, socket_reader
 
 MiB = 1 << 20
 HF_LIKE = {
@@ -420,7 +420,7 @@ def test_ranged_reads_come_straight_from_the_connection(agent_s3: S3, run_key: s
     key = f"{run_key}/blob"
     client.put_object(Bucket=agent_s3.bucket, Key=key, Body=data)
     resp = client.get_object(Bucket=agent_s3.bucket, Key=key, Range="bytes=0-9")
-    assert _socket_reader(resp["Body"]) is not None
+    assert socket_reader(resp["Body"]) is not None
     resp["Body"].close()
 
     got, sizes = bytearray(), []

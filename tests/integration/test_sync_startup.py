@@ -22,7 +22,6 @@ import os
 import subprocess
 import textwrap
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -60,14 +59,6 @@ SLOW_START = textwrap.dedent(
     sys.meta_path.insert(0, _SlowBoto3())
     """
 )
-
-
-@pytest.fixture
-def syncs() -> Iterator[list[SyncProcess]]:
-    started: list[SyncProcess] = []
-    yield started
-    for proc in started:
-        proc.close()
 
 
 def test_sigterm_during_start_up_still_commits_the_waiting_checkpoint(

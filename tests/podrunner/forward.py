@@ -179,9 +179,9 @@ class Forwarder:
             inner.close()
             outer.close()
             return
-        back = threading.Thread(target=_pump, args=(outer, inner), daemon=True)
+        back = threading.Thread(target=pump, args=(outer, inner), daemon=True)
         back.start()
-        _pump(inner, outer)
+        pump(inner, outer)
         back.join()
         with self._lock:
             self._open.difference_update((inner, outer))
@@ -189,7 +189,7 @@ class Forwarder:
         outer.close()
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+def pump(src: socket.socket, dst: socket.socket) -> None:
     """Copies ``src`` to ``dst`` until ``src`` ends, then half-closes ``dst``; on an error both
     sockets are shut, which ends the other direction too. The bytes go through a pipe with
     ``splice(2)``, never through Python: a pod's restore reads gigabytes through here, and

@@ -399,6 +399,11 @@ class FakeBucket(DictStore):
         self.put(run.key(RUN_MANIFEST), manifest.to_json())
 
 
+# The buckets of the ``moto_client`` fixture (tests/unit/conftest.py): ``store`` is on the first;
+# the second has "bucket" in its name, which a missing key must not be mistaken for.
+BUCKET, NAMED_BUCKET = "ckpt", "my-bucket"
+
+
 @contextlib.contextmanager
 def moto_s3(*buckets: str) -> Iterator[Any]:
     """moto's in-memory S3 (it honours If-None-Match and If-Match) and a client of it with

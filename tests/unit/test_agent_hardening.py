@@ -17,17 +17,19 @@ Covers:
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from tests.unit.builders import RunBuilder, make_run
-from trainingrun import cli
+from trainingrun.agent import restore, sync
 from trainingrun.contract import (
     CHECKPOINT_VOLUME,
     ENV_METRICS_ADDRESS,
     ENV_METRICS_PORT,
     ENV_SIZE_LIMIT,
+    ENV_SYNC_NICE,
     RESTORE_CONTAINER,
     SYNC_CONTAINER,
     TRAINER_CONTAINER,
@@ -213,6 +215,32 @@ def test_metrics_address_follows_the_agent_settings(
         assert got == expected, name
 
 
+@pytest.fixture(params=["sync", "restore"])
+def served_by_the_agent(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    run_agent: Callable[[str, dict[str, str]], int],
+) -> Callable[[dict[str, str]], list[tuple[int, str]]]:
+    """Runs each agent's command in turn with the settings given, its work left out; returns
+    the (port, address) of each metrics server it started."""
+    command: str = request.param
+
+    def served(env: dict[str, str]) -> list[tuple[int, str]]:
+        started: list[tuple[int, str]] = []
+
+        def start_http_server(port: int, addr: str, registry: object) -> None:
+            started.append((port, addr))
+
+        monkeypatch.setattr("prometheus_client.start_http_server", start_http_server)
+        monkeypatch.setattr(sync, "main", lambda store, settings, metrics, stop: 0)
+        monkeypatch.setattr(restore, "main", lambda store, settings, metrics: 0)
+        # A nice of 0 leaves this process's priority as it is.
+        assert run_agent(command, {ENV_SYNC_NICE: "0", **env}) == 0
+        return started
+
+    return served
+
+
 @pytest.mark.parametrize(
     ("env", "address", "port"),
     [
@@ -222,24 +250,15 @@ def test_metrics_address_follows_the_agent_settings(
     ],
 )
 def test_the_agents_serve_metrics_on_loopback_unless_told(
-    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], address: str, port: int
+    served_by_the_agent: Callable[[dict[str, str]], list[tuple[int, str]]],
+    env: dict[str, str],
+    address: str,
+    port: int,
 ) -> None:
-    served: list[tuple[int, str]] = []
-
-    def start_http_server(port: int, addr: str, registry: object) -> None:
-        served.append((port, addr))
-
-    monkeypatch.setattr("prometheus_client.start_http_server", start_http_server)
-
-    cli._serve_metrics(env, registry=None)
-
-    assert served == [(port, address)]
+    assert served_by_the_agent(env) == [(port, address)]
 
 
-def test_metrics_off_serves_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    served: list[object] = []
-    monkeypatch.setattr("prometheus_client.start_http_server", lambda *a, **k: served.append(a))
-
-    cli._serve_metrics({ENV_METRICS_PORT: "0"}, registry=None)
-
-    assert served == []
+def test_metrics_off_serves_nothing(
+    served_by_the_agent: Callable[[dict[str, str]], list[tuple[int, str]]],
+) -> None:
+    assert served_by_the_agent({ENV_METRICS_PORT: "0"}) == []

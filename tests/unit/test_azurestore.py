@@ -17,7 +17,7 @@ Covers:
 - credentials from the Secret's data: the account key wins over a SAS, empty values count as
   absent, a SAS loses its leading '?', a key that is not base64 is StorageMisconfigured without
   its value in the message, no secret is the Azure identity chain;
-- ``_SentCrc``: the CRC of the last whole pass over a stream, reset by a seek to its start;
+- ``SentCrc``: the CRC of the last whole pass over a stream, reset by a seek to its start;
 - ``open_azure`` refuses a location without an account.
 """
 
@@ -47,7 +47,7 @@ from trainingrun.storage import checksum
 from trainingrun.storage.azure import store as azurestore
 from trainingrun.storage.azure.errors import translate
 from trainingrun.storage.azure.store import (
-    _SentCrc,
+    SentCrc,
     block_id,
     credential,
     parse_block_id,
@@ -226,7 +226,7 @@ def test_sent_crc_is_of_the_last_whole_pass() -> None:
     data = bytes(range(256)) * 40
     body = io.BytesIO(b"head" + data)
     body.seek(4)  # a part starts where the stream stands
-    sent = _SentCrc(body, checksum.CRC32C)
+    sent = SentCrc(body, checksum.CRC32C)
     assert sent.length == len(data)
     assert sent.read(1000) == data[:1000]
     assert sent.sent() is None  # no whole pass yet

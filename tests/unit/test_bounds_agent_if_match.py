@@ -16,13 +16,13 @@ Covers:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.unit.fakes import moto_s3
+from tests.unit.fakes import BUCKET
 from trainingrun.agent.sidecar import SyncSettings
 from trainingrun.agent.sync import Sync
 from trainingrun.checkpoint import commit, local
@@ -32,25 +32,8 @@ from trainingrun.contract import EXIT_ERROR, checkpoint_dirname
 from trainingrun.storage.checksum import CRC64NVME
 from trainingrun.storage.opener import Location, S3Store, StorageRejected, Store
 
-BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
 STEP = 10
-
-
-@pytest.fixture(scope="module")
-def moto_client() -> Iterator[Any]:
-    with moto_s3(BUCKET) as client:
-        yield client
-
-
-@pytest.fixture
-def client(moto_client: Any) -> Any:
-    """The module's client over an empty bucket."""
-    listed = moto_client.list_objects_v2(Bucket=BUCKET).get("Contents") or []
-    if listed:
-        keys = [{"Key": o["Key"]} for o in listed]
-        moto_client.delete_objects(Bucket=BUCKET, Delete={"Objects": keys})
-    return moto_client
 
 
 class HalfConditional(S3Store):

@@ -32,7 +32,8 @@ def run(namespace: str, name: str = "r1") -> dict[str, Any]:
 
 def test_a_flooding_namespace_does_not_drop_another_namespaces_events() -> None:
     writer = Writer()
-    metrics = OperatorMetrics(CollectorRegistry())
+    registry = CollectorRegistry()
+    metrics = OperatorMetrics(registry)
     poster = EventPoster(writer, metrics)
     for i in range(5000):
         poster.post(run("a"), "Normal", "Started", f"a-{i}")
@@ -49,7 +50,7 @@ def test_a_flooding_namespace_does_not_drop_another_namespaces_events() -> None:
     from_a = [int(m[2:]) for ns, m in writer.posted if ns == "a"]
     assert from_a == sorted(from_a) and from_a[-1] == 4999  # A's newest kept, in order
     assert len(writer.posted) <= 2000  # bounded: A lost its oldest
-    dropped = metrics.events_dropped._value.get()
+    dropped = registry.get_sample_value("trainingrun_events_dropped_total")
     assert dropped == 5010 - len(writer.posted)
 
 

@@ -46,7 +46,7 @@ class _NotFound(BaseHTTPRequestHandler):
 
 
 @pytest.fixture
-def api_client() -> Iterator[RestClient]:
+def loopback_api() -> Iterator[RestClient]:
     with loopback_api_client(_NotFound) as api:
         yield api
 
@@ -83,19 +83,19 @@ def api_client() -> Iterator[RestClient]:
     ],
 )
 def test_each_api_request_is_told_once_by_verb_and_path(
-    api_client: RestClient, call: Any, expected: tuple[str, str]
+    loopback_api: RestClient, call: Any, expected: tuple[str, str]
 ) -> None:
     told: list[tuple[str, str]] = []
-    api_client.on_call = lambda verb, resource: told.append((verb, resource))
+    loopback_api.on_call = lambda verb, resource: told.append((verb, resource))
 
-    call(Kube(api_client))
+    call(Kube(loopback_api))
 
     assert told == [expected]
 
 
-def test_a_client_with_no_listener_sends_as_before(api_client: RestClient) -> None:
-    assert api_client.on_call is None
-    assert Kube(api_client).get_run("team-a", "r1") is None  # the 404 came back as None
+def test_a_client_with_no_listener_sends_as_before(loopback_api: RestClient) -> None:
+    assert loopback_api.on_call is None
+    assert Kube(loopback_api).get_run("team-a", "r1") is None  # the 404 came back as None
 
 
 def test_the_stores_calls_are_counted_and_reach_the_store() -> None:

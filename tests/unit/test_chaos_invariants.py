@@ -72,24 +72,24 @@ def node(name: str, ready: bool) -> client.V1Node:
 
 def judged(o: Observer) -> list[str]:
     o.ledger.t0 -= JUDGE_DELAY_S + 1  # the judge's delay has passed
-    o._judge()
+    o.judge()
     return [b.invariant for b in o.ledger.breaks]
 
 
 def test_a_pod_created_twice_for_one_attempt_breaks() -> None:
     o = observer()
-    o._pod("ADDED", pod("r-1", "u1"))
-    o._pod("DELETED", pod("r-1", "u1"))
-    o._pod("ADDED", pod("r-1", "u2"))
+    o.on_pod("ADDED", pod("r-1", "u1"))
+    o.on_pod("DELETED", pod("r-1", "u1"))
+    o.on_pod("ADDED", pod("r-1", "u2"))
     assert [b.invariant for b in o.ledger.breaks] == ["one-pod-per-attempt"]
 
 
 def test_a_skipped_attempt_and_a_status_going_back_break() -> None:
     o = observer()
-    o._pod("ADDED", pod("r-1", "u1", trainer="ended"))
-    o._pod("ADDED", pod("r-3", "u3"))
-    o._run("MODIFIED", {"metadata": {"name": "r"}, "status": {"attempt": 3}})
-    o._run("MODIFIED", {"metadata": {"name": "r"}, "status": {"attempt": 2}})
+    o.on_pod("ADDED", pod("r-1", "u1", trainer="ended"))
+    o.on_pod("ADDED", pod("r-3", "u3"))
+    o.on_run("MODIFIED", {"metadata": {"name": "r"}, "status": {"attempt": 3}})
+    o.on_run("MODIFIED", {"metadata": {"name": "r"}, "status": {"attempt": 2}})
     assert [b.invariant for b in o.ledger.breaks] == ["attempts-in-order"] * 2
 
 
@@ -108,9 +108,9 @@ def test_a_new_attempt_beside_a_live_one_breaks(
     old: dict[str, Any], node_ready: bool, broken: bool
 ) -> None:
     o = observer()
-    o._node("ADDED", node("n1", node_ready))
-    o._pod("ADDED", pod("r-1", "u1", **old))
-    o._pod("ADDED", pod("r-2", "u2", node="n2"))
+    o.on_node("ADDED", node("n1", node_ready))
+    o.on_pod("ADDED", pod("r-1", "u1", **old))
+    o.on_pod("ADDED", pod("r-2", "u2", node="n2"))
     assert judged(o) == (["one-live-attempt"] if broken else [])
 
 
@@ -132,7 +132,7 @@ def test_a_pod_deleted_while_the_watch_was_down_is_not_live_after_the_next_list(
     never seen, only its absence from the list that follows."""
     o = observer()
     pods = watch(o, "pods")
-    o._node("ADDED", node("n1", True))
+    o.on_node("ADDED", node("n1", True))
     pods.deliver("ADDED", pod("r-1", "u1"))
     pods.list_fn = listing([] if gone_in_the_gap else [pod("r-1", "u1")])
     assert pods.relist() == "9"
@@ -146,26 +146,26 @@ def test_a_node_deleted_while_the_watch_was_down_counts_as_a_node_fault() -> Non
     nodes = watch(o, "nodes")
     nodes.deliver("ADDED", node("n1", True))
     nodes.deliver("ADDED", node("n2", True))
-    o._pod("ADDED", pod("r-1", "u1"))
+    o.on_pod("ADDED", pod("r-1", "u1"))
     nodes.list_fn = listing([node("n2", True)])
     nodes.relist()
-    o._pod("ADDED", pod("r-2", "u2", node="n2"))
+    o.on_pod("ADDED", pod("r-2", "u2", node="n2"))
     assert o.ledger.node_ready == {"n1": False, "n2": True}
     assert judged(o) == []
 
 
 def test_a_committed_object_that_changes_breaks() -> None:
     o = observer()
-    o._object("run/checkpoints/c-10/e1/r0/model.bin", '"a"', 10)
-    o._object("run/checkpoints/c-10/e1/r0/model.bin", '"a"', 10)
+    o.see_object("run/checkpoints/c-10/e1/r0/model.bin", '"a"', 10)
+    o.see_object("run/checkpoints/c-10/e1/r0/model.bin", '"a"', 10)
     assert o.ledger.breaks == []
-    o._object("run/checkpoints/c-10/e1/r0/model.bin", '"b"', 10)
+    o.see_object("run/checkpoints/c-10/e1/r0/model.bin", '"b"', 10)
     assert [b.invariant for b in o.ledger.breaks] == ["committed-immutable"]
 
 
 def test_a_resume_step_is_recorded_for_the_end_check() -> None:
     o = observer()
-    o._pod("ADDED", pod("r-2", "u2", resume=40))
+    o.on_pod("ADDED", pod("r-2", "u2", resume=40))
     assert o.ledger.resumed == [("r", 2, 40)]
 
 

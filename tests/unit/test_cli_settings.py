@@ -4,26 +4,20 @@ Covers: a missing or malformed variable (storage URI missing, not s3://, without
 size below 5 MiB, not a number, not finite; concurrency, keep, quiet and drain periods, bandwidth
 and nice out of range; checkpoint folder missing; restore step missing or not a plain step
 number; a size limit that is not a byte quantity) makes the command exit 2 before touching the
-network, with a message on stderr that names the variable. Both through ``cli.main`` with the
-process environment, and through the subcommand functions with an explicit mapping. The restore
-gets ``TRAININGRUN_SIZE_LIMIT`` in bytes, and no limit without it.
+network, with a message on stderr that names the variable; all through ``cli.main`` with the
+process environment. The restore gets ``TRAININGRUN_SIZE_LIMIT`` in bytes, and no limit without
+it.
 """
 
 from __future__ import annotations
 
-import argparse
+from collections.abc import Callable
 
 import pytest
 
 from trainingrun import cli
 from trainingrun.agent import restore
 
-VALID = {
-    "TRAININGRUN_STORAGE_URI": "s3://bucket/runs/ml/r1",
-    "TRAININGRUN_CHECKPOINT_DIR": "/checkpoints",
-    "TRAININGRUN_RESTORE_STEP": "120",
-    "AWS_REGION": "us-east-1",
-}
 COMMON_CASES = [
     pytest.param(
         {"TRAININGRUN_STORAGE_URI": ""}, "TRAININGRUN_STORAGE_URI is not set", id="no-uri"
@@ -152,18 +146,16 @@ RESTORE_CASES = [
 ]
 
 
-def _run(command: str, overrides: dict[str, str]) -> int:
-    env = {k: v for k, v in {**VALID, **overrides}.items() if v}
-    func = cli._sync if command == "sync" else cli._restore
-    return func(argparse.Namespace(verbose=False), env)
-
-
 @pytest.mark.parametrize("command", ["sync", "restore"])
 @pytest.mark.parametrize(("overrides", "message"), COMMON_CASES)
 def test_common_settings_errors_exit_2(
-    command: str, overrides: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+    run_agent: Callable[[str, dict[str, str]], int],
+    command: str,
+    overrides: dict[str, str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _run(command, overrides) == 2
+    assert run_agent(command, overrides) == 2
 
     err = capsys.readouterr().err
     assert err.startswith(f"trainingrun {command}: ")
@@ -172,18 +164,24 @@ def test_common_settings_errors_exit_2(
 
 @pytest.mark.parametrize(("overrides", "message"), SYNC_CASES)
 def test_sync_settings_errors_exit_2(
-    overrides: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+    run_agent: Callable[[str, dict[str, str]], int],
+    overrides: dict[str, str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _run("sync", overrides) == 2
+    assert run_agent("sync", overrides) == 2
 
     assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(("overrides", "message"), RESTORE_CASES)
 def test_restore_settings_errors_exit_2(
-    overrides: dict[str, str], message: str, capsys: pytest.CaptureFixture[str]
+    run_agent: Callable[[str, dict[str, str]], int],
+    overrides: dict[str, str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert _run("restore", overrides) == 2
+    assert run_agent("restore", overrides) == 2
 
     assert message in capsys.readouterr().err
 
@@ -234,7 +232,10 @@ def test_main_reads_the_process_environment(
     ],
 )
 def test_restore_gets_the_size_limit_in_bytes(
-    monkeypatch: pytest.MonkeyPatch, overrides: dict[str, str], limit: int | None
+    run_agent: Callable[[str, dict[str, str]], int],
+    monkeypatch: pytest.MonkeyPatch,
+    overrides: dict[str, str],
+    limit: int | None,
 ) -> None:
     seen: list[restore.RestoreSettings] = []
 
@@ -244,6 +245,6 @@ def test_restore_gets_the_size_limit_in_bytes(
 
     monkeypatch.setattr(restore, "main", main)
 
-    assert _run("restore", {"TRAININGRUN_METRICS_PORT": "0", **overrides}) == 0
+    assert run_agent("restore", {"TRAININGRUN_METRICS_PORT": "0", **overrides}) == 0
 
     assert [s.size_limit for s in seen] == [limit]

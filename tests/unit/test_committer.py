@@ -27,12 +27,12 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
-from tests.unit.fakes import moto_s3
+from tests.unit.fakes import BUCKET
 from trainingrun.checkpoint import commit
 from trainingrun.checkpoint.commit import Capabilities, Committer, Outcome, take_fence
 from trainingrun.checkpoint.lookup import read_part, read_run_manifest
@@ -60,36 +60,12 @@ from trainingrun.storage.opener import (
     Store,
 )
 
-BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
 OTHER_RUN = Location(BUCKET, "runs/ml/r10")
 UID = "uid-1"
 CAS = Capabilities(CRC64NVME, verifies_checksums=True, conditional_writes=True)
 PLAIN = Capabilities(CRC64NVME, verifies_checksums=False, conditional_writes=False)
 OTHER_SUM = "AQEBAQEBAQE="
-
-
-@pytest.fixture(scope="module")
-def moto_client() -> Iterator[Any]:
-    """One in-memory S3 and client for the module (making a client takes about a second)."""
-    with moto_s3(BUCKET) as client:
-        yield client
-
-
-@pytest.fixture
-def client(moto_client: Any) -> Any:
-    """The module's client over an empty bucket without unfinished uploads."""
-    keys = _keys(moto_client)
-    if keys:
-        moto_client.delete_objects(Bucket=BUCKET, Delete={"Objects": [{"Key": k} for k in keys]})
-    for key, upload in _uploads(moto_client):
-        moto_client.abort_multipart_upload(Bucket=BUCKET, Key=key, UploadId=upload)
-    return moto_client
-
-
-@pytest.fixture
-def store(client: Any) -> Store:
-    return S3Store(client, BUCKET)
 
 
 @pytest.fixture

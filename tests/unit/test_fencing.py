@@ -17,13 +17,12 @@ and a step is committed once:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
 import pytest
 
-from tests.unit.fakes import DictStore, moto_s3
+from tests.unit.fakes import BUCKET, DictStore
 from trainingrun.agent.restore import RestoreSettings, restore
 from trainingrun.agent.sync import Sync, SyncSettings
 from trainingrun.checkpoint import local
@@ -31,17 +30,10 @@ from trainingrun.checkpoint.commit import Capabilities, Committer, take_fence
 from trainingrun.checkpoint.lookup import choose_checkpoint, read_run_manifest
 from trainingrun.checkpoint.protocol import Fenced
 from trainingrun.storage.checksum import CRC64NVME
-from trainingrun.storage.opener import Location, S3Store, StorageRejected, Store
+from trainingrun.storage.opener import Location, StorageRejected, Store
 
-BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
 UID = "0f3c-run"
-
-
-@pytest.fixture
-def store() -> Iterator[Store]:
-    with moto_s3(BUCKET) as client:
-        yield S3Store(client, BUCKET)
 
 
 def _save(folder: Path, step: int, attempt: int) -> None:
@@ -110,7 +102,7 @@ def test_an_old_attempt_saving_after_the_fence_moved_is_refused_and_stops(
     _save(old_dir, 1000, 1)  # the old pod, partitioned, keeps training and saving
     old.sync_once(trainer_gone=False)
     assert old.fenced is not None and old.fenced.fence == epoch2
-    assert old.metrics.fenced._value.get() == 1
+    assert old.metrics.registry.get_sample_value("trainingrun_sync_fenced") == 1
     assert _entries(store) == [(900, 1, 1)]
 
     new = _sidecar(store, new_dir, 2, epoch2)

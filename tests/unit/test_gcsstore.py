@@ -13,7 +13,7 @@ Covers:
   slashes, dots and the marker itself, and None for every other name;
 - compose_plan(): at most 32 sources a step, the key made last, every intermediate made before
   it is used and used once, and the leaves joined in their order (1 to 10 000 parts);
-- _Blocks: the library's small writes reach the sink in blocks of exactly ``chunk`` (the last
+- Blocks: the library's small writes reach the sink in blocks of exactly ``chunk`` (the last
   one shorter), and the count is every byte;
 - refusals without a call: an algorithm other than CRC32C (StorageRejected, so the capability
   probe moves on), a credentialsSecret value that is not a service-account key
@@ -46,8 +46,8 @@ from trainingrun.storage.base import (
 )
 from trainingrun.storage.gcs.store import (
     MAX_COMPOSE,
+    Blocks,
     GcsStore,
-    _Blocks,
     compose_plan,
     open_gcs,
     parse_piece,
@@ -233,7 +233,7 @@ def test_compose_plan_joins_in_order_within_the_limit(count: int) -> None:
 @pytest.mark.parametrize(("writes", "chunk"), [([8192] * 10, 20000), ([5, 7, 100000, 3], 4096)])
 def test_blocks_reach_the_sink_in_chunks(writes: list[int], chunk: int) -> None:
     got: list[bytes] = []
-    out = _Blocks(got.append, chunk)
+    out = Blocks(got.append, chunk)
     data = bytes(i % 251 for i in range(sum(writes)))
     at = 0
     for n in writes:

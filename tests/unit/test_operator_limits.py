@@ -28,14 +28,15 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import pytest
 
 from tests.unit.builders import NAMESPACE, make_run
 from tests.unit.fakes import FakeBucket, FakeKube, moto_s3
-from trainingrun import cli, contract
+from trainingrun import contract
+from trainingrun.agent import restore
 from trainingrun.api import StorageSpec
 from trainingrun.checkpoint.lookup import choose_checkpoint, read_run_manifest
 from trainingrun.checkpoint.manifest import (
@@ -373,11 +374,25 @@ def _budget(client: Any) -> tuple[str, int, float, float]:
 
 
 @pytest.mark.usefixtures("no_aws_settings")
-def test_the_operator_is_brief_and_the_agents_patient() -> None:
+def test_the_operator_is_brief_and_the_agents_patient(
+    monkeypatch: pytest.MonkeyPatch, run_agent: Callable[[str, dict[str, str]], int]
+) -> None:
     storage = _storage("ckpt", endpoint="http://127.0.0.1:9")
     operator = RunStores(FakeKube(), 30.0).store_for(NAMESPACE, storage)
-    env = {contract.ENV_STORAGE_URI: "s3://ckpt/runs/ml/r1", "AWS_ENDPOINT_URL": storage.endpoint}
-    sidecar, _, _ = cli._agent_common(env)  # the sync sidecar's and the restore's
+    agents: list[Any] = []
+
+    def restore_main(store: Any, settings: object, metrics: object) -> int:
+        agents.append(store)
+        return 0
+
+    monkeypatch.setattr(restore, "main", restore_main)
+    env = {
+        contract.ENV_STORAGE_URI: "s3://ckpt/runs/ml/r1",
+        "AWS_ENDPOINT_URL": storage.endpoint,
+        contract.ENV_METRICS_PORT: "0",
+    }
+    assert run_agent("restore", env) == 0  # the sync sidecar's store is made the same way
+    [sidecar] = agents
     user = open_store(storage, None)  # trainingrun checkpoints list
 
     assert _budget(operator.client) == ("standard", 2, 5, 10)
@@ -389,7 +404,7 @@ def test_the_operator_is_brief_and_the_agents_patient() -> None:
 
 
 @pytest.fixture
-def blackhole() -> Iterator[tuple[str, list[socket.socket]]]:
+def silent_endpoint() -> Iterator[tuple[str, list[socket.socket]]]:
     """An endpoint on 127.0.0.1 that accepts connections and never answers; the list holds the
     connections it accepted."""
     server = socket.create_server(("127.0.0.1", 0))
@@ -413,9 +428,9 @@ def blackhole() -> Iterator[tuple[str, list[socket.socket]]]:
 
 @pytest.mark.usefixtures("no_aws_settings")
 def test_an_operator_read_from_a_blackhole_gives_up_within_its_budget(
-    blackhole: tuple[str, list[socket.socket]],
+    silent_endpoint: tuple[str, list[socket.socket]],
 ) -> None:
-    url, accepted = blackhole
+    url, accepted = silent_endpoint
     kube = FakeKube()
     kube.secrets[(NAMESPACE, "s3")] = SECRET
     run = make_run().with_storage(endpoint=url, region="us-east-1", credentials_secret="s3")

@@ -99,8 +99,8 @@ def test_the_pump_copies_every_byte_both_ways_and_passes_the_end_on(size: int) -
     pod_side, relay_in = socket.socketpair()
     relay_out, server_side = socket.socketpair()
     up, down = os.urandom(size), os.urandom(size // 2 + 5)
-    back = threading.Thread(target=forward._pump, args=(relay_out, relay_in))
-    there = threading.Thread(target=forward._pump, args=(relay_in, relay_out))
+    back = threading.Thread(target=forward.pump, args=(relay_out, relay_in))
+    there = threading.Thread(target=forward.pump, args=(relay_in, relay_out))
     back.start()
     there.start()
     got: dict[str, bytes] = {}

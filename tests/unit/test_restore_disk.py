@@ -58,7 +58,8 @@ class Usage(NamedTuple):
 
 
 @pytest.fixture
-def bucket() -> FakeBucket:
+def committed_bucket() -> FakeBucket:
+    """An in-memory bucket with checkpoint ``STEP`` of ``RUN`` committed (``FILES``)."""
     store = FakeBucket()
     store.commit(RUN, STEP, files=FILES)
     return store
@@ -138,11 +139,11 @@ def test_parse_size_refuses_what_is_not_a_byte_quantity(text: str) -> None:
 
 
 def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_download(
-    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    committed_bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _free(monkeypatch, NEEDED - 1)
 
-    code, message, folder = _restore(bucket, tmp_path)
+    code, message, folder = _restore(committed_bucket, tmp_path)
 
     assert code == EXIT_INSUFFICIENT_DISK
     assert f"checkpoint-{STEP}" in message
@@ -154,11 +155,11 @@ def test_a_checkpoint_larger_than_the_free_space_is_refused_before_any_download(
 
 
 def test_a_checkpoint_that_just_fits_is_restored(
-    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    committed_bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     _free(monkeypatch, NEEDED)
 
-    code, message, folder = _restore(bucket, tmp_path)
+    code, message, folder = _restore(committed_bucket, tmp_path)
 
     assert (code, message) == (EXIT_OK, "")
     assert (folder / f"checkpoint-{STEP}" / "model.safetensors").read_bytes() == WEIGHTS
@@ -174,13 +175,13 @@ def test_a_checkpoint_that_just_fits_is_restored(
     ],
 )
 def test_the_size_limit_less_what_the_folder_holds_must_fit_the_checkpoint(
-    bucket: FakeBucket, tmp_path: Path, held: int, limit: int, code: int
+    committed_bucket: FakeBucket, tmp_path: Path, held: int, limit: int, code: int
 ) -> None:
     folder = tmp_path / "checkpoints"
     (folder / "logs").mkdir(parents=True)
     (folder / "logs" / "events.out").write_bytes(b"x" * held)
 
-    got, message, _ = _restore(bucket, tmp_path, size_limit=limit)
+    got, message, _ = _restore(committed_bucket, tmp_path, size_limit=limit)
 
     assert got == code, message
     if code == EXIT_INSUFFICIENT_DISK:
@@ -191,14 +192,14 @@ def test_the_size_limit_less_what_the_folder_holds_must_fit_the_checkpoint(
 
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT], ids=errno.errorcode.get)
 def test_the_volume_filling_up_during_the_download_is_insufficient_disk(
-    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
+    committed_bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int
 ) -> None:
     def full(fd: int, data: bytes, offset: int) -> int:
         raise OSError(code, os.strerror(code))
 
     monkeypatch.setattr(os, "pwrite", full)
 
-    got, message, folder = _restore(bucket, tmp_path)
+    got, message, folder = _restore(committed_bucket, tmp_path)
 
     assert got == EXIT_INSUFFICIENT_DISK
     assert f"checkpoint-{STEP}" in message and f"{NEEDED} bytes" in message
@@ -235,13 +236,15 @@ def test_files_that_cannot_share_one_folder_are_a_bad_checkpoint(
     assert _downloaded(folder) == []
 
 
-def test_a_name_with_dot_dot_is_a_bad_checkpoint(bucket: FakeBucket, tmp_path: Path) -> None:
+def test_a_name_with_dot_dot_is_a_bad_checkpoint(
+    committed_bucket: FakeBucket, tmp_path: Path
+) -> None:
     key = RUN.key(checkpoint_prefix(STEP), CHECKPOINT_MANIFEST)
-    part = json.loads(bucket.objects[key])
+    part = json.loads(committed_bucket.objects[key])
     part["files"][0]["path"] = "../../model.safetensors"
-    bucket.objects[key] = json.dumps(part).encode()
+    committed_bucket.objects[key] = json.dumps(part).encode()
 
-    code, message, _ = _restore(bucket, tmp_path)
+    code, message, _ = _restore(committed_bucket, tmp_path)
 
     assert code == EXIT_CHECKPOINT_BAD
     assert "'../../model.safetensors'" in message
@@ -251,7 +254,7 @@ def test_a_name_with_dot_dot_is_a_bad_checkpoint(bucket: FakeBucket, tmp_path: P
 
 
 def test_another_os_error_exits_1_naming_the_error(
-    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    committed_bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t-value")
 
@@ -260,7 +263,7 @@ def test_another_os_error_exits_1_naming_the_error(
 
     monkeypatch.setattr(os, "pwrite", refused)
 
-    code, message, _ = _restore(bucket, tmp_path)
+    code, message, _ = _restore(committed_bucket, tmp_path)
 
     assert code == EXIT_ERROR
     assert "PermissionError" in message and "Permission denied" in message
@@ -268,14 +271,14 @@ def test_another_os_error_exits_1_naming_the_error(
 
 
 def test_an_unexpected_error_exits_1_naming_its_type(
-    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    committed_bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def broken(*args: Any, **kwargs: Any) -> None:
         raise RuntimeError("something nobody expected")
 
     monkeypatch.setattr("trainingrun.checkpoint.local.share", broken)
 
-    code, message, _ = _restore(bucket, tmp_path)
+    code, message, _ = _restore(committed_bucket, tmp_path)
 
     assert code == EXIT_ERROR
     assert "RuntimeError" in message and "something nobody expected" in message
@@ -292,7 +295,7 @@ def test_an_unexpected_error_exits_1_naming_its_type(
     ],
 )
 def test_the_outcome_is_written_last_for_a_trainer_that_waits(
-    bucket: FakeBucket,
+    committed_bucket: FakeBucket,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     free: int,
@@ -301,7 +304,7 @@ def test_the_outcome_is_written_last_for_a_trainer_that_waits(
 ) -> None:
     _free(monkeypatch, free)
 
-    got, message, folder = _restore(bucket, tmp_path, tell_trainer=True)
+    got, message, folder = _restore(committed_bucket, tmp_path, tell_trainer=True)
 
     outcome = local.read_restored(folder)
     assert got == code
@@ -313,22 +316,24 @@ def test_the_outcome_is_written_last_for_a_trainer_that_waits(
         assert outcome.message == message
 
 
-def test_no_outcome_file_when_no_trainer_waits(bucket: FakeBucket, tmp_path: Path) -> None:
-    got, _, folder = _restore(bucket, tmp_path)
+def test_no_outcome_file_when_no_trainer_waits(
+    committed_bucket: FakeBucket, tmp_path: Path
+) -> None:
+    got, _, folder = _restore(committed_bucket, tmp_path)
 
     assert got == EXIT_OK
     assert local.read_restored(folder) is None
 
 
 def test_an_outcome_that_cannot_be_written_fails_the_restore(
-    bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    committed_bucket: FakeBucket, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     def refused(folder: Path, outcome: local.Restored) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(local, "write_restored", refused)
 
-    got, _, _ = _restore(bucket, tmp_path, tell_trainer=True)
+    got, _, _ = _restore(committed_bucket, tmp_path, tell_trainer=True)
 
     assert got == EXIT_ERROR
 

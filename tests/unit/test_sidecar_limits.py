@@ -26,13 +26,12 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
 import pytest
 
-from tests.unit.fakes import moto_s3
+from tests.unit.fakes import BUCKET
 from trainingrun.agent import parts, sync
 from trainingrun.agent.parts import MAX_PARTS, ByteBudget, PartReader, plan_parts
 from trainingrun.agent.sidecar import AccessDeniedWatch, Metrics
@@ -54,7 +53,6 @@ from trainingrun.storage.opener import (
 
 GiB = 1 << 30
 TiB = 1 << 40
-BUCKET = "ckpt"
 RUN = Location(BUCKET, "runs/ml/r1")
 
 
@@ -164,7 +162,7 @@ def test_an_upload_whose_parts_grew_keeps_its_bytes_in_flight_within_the_budget(
 
 @pytest.mark.parametrize("algo", [CRC64NVME, SHA256], ids=lambda a: a.name)
 def test_parts_larger_than_the_budget_allows_are_streamed_from_the_file(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: Algorithm
+    client: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, algo: Algorithm
 ) -> None:
     # 3 parts at most: a 30 MiB file gets parts of 10 MiB, more than the 8 MiB budget holds,
     # as a 5 TiB file gets parts of 525 MiB.
@@ -175,14 +173,13 @@ def test_parts_larger_than_the_budget_allows_are_streamed_from_the_file(
         part_size=5 * MiB, multipart_threshold=5 * MiB, concurrency=4, memory_budget=budget
     )
     path = _file(tmp_path / "model.bin", 30 * MiB)
-    with moto_s3(BUCKET) as client:
-        transfer = Transfer(S3Store(client, BUCKET), settings)
-        try:
-            assert transfer.plan(30 * MiB).streamed
-            sums = transfer.upload_files([(path, "k")], algo, Progress("t", 30 * MiB, 1))
-        finally:
-            transfer.close()
-        body = client.get_object(Bucket=BUCKET, Key="k")["Body"].read()
+    transfer = Transfer(S3Store(client, BUCKET), settings)
+    try:
+        assert transfer.plan(30 * MiB).streamed
+        sums = transfer.upload_files([(path, "k")], algo, Progress("t", 30 * MiB, 1))
+    finally:
+        transfer.close()
+    body = client.get_object(Bucket=BUCKET, Key="k")["Body"].read()
 
     assert body == Path(path).read_bytes()
     assert sums == {"k": file_digest(algo, path)}
@@ -350,12 +347,6 @@ def test_a_sigterm_recorded_before_the_loop_exists_reaches_it() -> None:
     request.attach(lambda signum, frame: heard.append(signum))
     request.on_signal(signal.SIGTERM, None)
     assert heard == [signal.SIGTERM, signal.SIGTERM]
-
-
-@pytest.fixture
-def store() -> Iterator[Store]:
-    with moto_s3(BUCKET) as client:
-        yield S3Store(client, BUCKET)
 
 
 @pytest.mark.timeout(60)  # without the request reaching the loop, it would never stop

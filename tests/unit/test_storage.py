@@ -15,9 +15,10 @@ committed
   alike, once), a version-1 step beside them still counts, and only the entry's own epoch is
   read; a missing part, a part of another epoch, a missing object of one rank or two ranks
   with different bytes for one file each make it fall back, naming the part's key;
-- Store._translate(): 404/NoSuchKey (KeyNotFound) and NoSuchBucket (BucketNotFound), 412, 403
-  and credential codes, checksum codes, other 4xx, 408/429/5xx, missing credentials, connection
-  errors, and an unrelated exception that is re-raised as is;
+- what a store call raises for what the client raised (a read of a client that raises it):
+  404/NoSuchKey (KeyNotFound) and NoSuchBucket (BucketNotFound), 412, 403 and credential codes,
+  checksum codes, other 4xx, 408/429/5xx, missing credentials, connection errors, and an
+  unrelated exception that is re-raised as is;
 - Store.delete(): chunks of 1000 keys; keys DeleteObjects reports as not deleted (a 200
   answer) raise a StorageError naming the first and the count;
 - open_store(): the store of the storage URI's bucket, its client on the spec's endpoint and
@@ -318,6 +319,24 @@ def test_a_broken_part_falls_back(how: str, reason: str) -> None:
 # -- error translation ------------------------------------------------------------------
 
 
+class RaisingClient:
+    """A boto3 client whose every read raises ``err``."""
+
+    def __init__(self, err: Exception) -> None:
+        self.err = err
+
+    def get_object(self, **_: Any) -> Any:
+        raise self.err
+
+
+def _raised_by_a_read(err: Exception) -> StorageError:
+    """What the store raises when its client raised ``err``."""
+    store = S3Store(client=RaisingClient(err), bucket="b")
+    with pytest.raises(StorageError) as raised:
+        store.read_range("k", 0, 9, lambda block: None)
+    return raised.value
+
+
 def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
     response: Any = {"Error": {"Code": code, "Message": "x"}, "ResponseMetadata": {}}
     if status:
@@ -396,7 +415,7 @@ def _client_error(status: int, code: str) -> botocore.exceptions.ClientError:
     ],
 )
 def test_errors_are_translated(err: Exception, kind: type[StorageError], words: str) -> None:
-    translated = S3Store(client=None, bucket="b")._translate(err, "k")
+    translated = _raised_by_a_read(err)
 
     assert type(translated) is kind
     assert words in str(translated)
@@ -448,7 +467,7 @@ def test_delete_reports_the_keys_it_could_not_delete(
 
 def test_an_unrelated_exception_is_not_swallowed() -> None:
     with pytest.raises(KeyError):
-        S3Store(client=None, bucket="b")._translate(KeyError("bug"), "k")
+        _raised_by_a_read(KeyError("bug"))
 
 
 def test_open_store_uses_the_specs_bucket_endpoint_and_region() -> None:

@@ -10,25 +10,17 @@ Covers:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
-from tests.unit.fakes import moto_s3
+from tests.unit.fakes import BUCKET, NAMED_BUCKET
 from trainingrun.storage.opener import BucketNotFound, NotFound, S3Store
 
 # "bucket" in the bucket's name or in the key: a missing key must still read as a missing key.
-NAMED_BUCKET, PLAIN_BUCKET = "my-bucket", "ckpt"
+PLAIN_BUCKET = BUCKET  # both are buckets of ``moto_client``
 BUCKET_KEY, PLAIN_KEY = "bucket-runs/ml/r1/manifest.json", "runs/ml/r1/manifest.json"
 READS = ["get", "get_with_etag", "head"]
-
-
-@pytest.fixture(scope="module")
-def moto_client() -> Iterator[Any]:
-    """One in-memory S3 with both buckets (making a client takes about a second)."""
-    with moto_s3(NAMED_BUCKET, PLAIN_BUCKET) as client:
-        yield client
 
 
 @pytest.mark.parametrize("read", READS)

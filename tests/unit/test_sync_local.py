@@ -71,7 +71,7 @@ def _write(path: Path, data: bytes = b"x", mtime: float | None = None) -> Path:
 
 
 @pytest.fixture
-def folder(tmp_path: Path) -> Path:
+def checkpoint_tree(tmp_path: Path) -> Path:
     """checkpoint-9 (marked), checkpoint-10 (trainer state), checkpoint-100 (neither), and
     things that are not checkpoints."""
     root = tmp_path / "checkpoints"
@@ -94,15 +94,15 @@ def folder(tmp_path: Path) -> Path:
     return root
 
 
-def test_scan_finds_checkpoint_folders_oldest_first(folder: Path) -> None:
-    found = scan(folder)
+def test_scan_finds_checkpoint_folders_oldest_first(checkpoint_tree: Path) -> None:
+    found = scan(checkpoint_tree)
 
     assert [c.step for c in found] == [9, 10, 100]
-    assert [c.path for c in found] == [folder / f"checkpoint-{s}" for s in (9, 10, 100)]
+    assert [c.path for c in found] == [checkpoint_tree / f"checkpoint-{s}" for s in (9, 10, 100)]
 
 
-def test_scan_reads_marker_state_files_and_mtime(folder: Path) -> None:
-    by_step = {c.step: c for c in scan(folder)}
+def test_scan_reads_marker_state_files_and_mtime(checkpoint_tree: Path) -> None:
+    by_step = {c.step: c for c in scan(checkpoint_tree)}
 
     nine, ten, hundred = by_step[9], by_step[10], by_step[100]
     assert (nine.found.proof, nine.files) == (Proof.COMPLETE, (("model.bin", 10),))
@@ -162,8 +162,8 @@ def test_complete(ckpt: LocalCheckpoint, now: float, trainer_gone: bool, complet
     assert ckpt.complete(now, quiet_seconds=10.0, trainer_gone=trainer_gone) is complete
 
 
-def test_scanned_checkpoint_completes_after_the_quiet_period(folder: Path) -> None:
-    by_step = {c.step: c for c in scan(folder)}
+def test_scanned_checkpoint_completes_after_the_quiet_period(checkpoint_tree: Path) -> None:
+    by_step = {c.step: c for c in scan(checkpoint_tree)}
 
     assert by_step[9].complete(0.0, 10.0, False)
     assert not by_step[10].complete(2010.9, 10.0, False)

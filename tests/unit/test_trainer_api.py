@@ -17,7 +17,8 @@ from trainingrun.integrations import trainer
 
 
 @pytest.fixture
-def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def checkpoint_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty folder, which the environment names as the sidecar's checkpoint folder."""
     ckdir = tmp_path / "ck"
     ckdir.mkdir()
     monkeypatch.setenv(ENV_CHECKPOINT_DIR, str(ckdir))
@@ -25,9 +26,9 @@ def folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_checkpoint_dir_is_the_sidecars_folder_else_the_default(
-    folder: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    assert trainer.checkpoint_dir() == folder
+    assert trainer.checkpoint_dir() == checkpoint_dir
     monkeypatch.delenv(ENV_CHECKPOINT_DIR)
     assert trainer.checkpoint_dir("out") == Path("out")
 
@@ -70,9 +71,9 @@ def test_resume_from_a_missing_path_names_the_volume_mount(
     ids=["restored", "checkpoint-bad"],
 )
 def test_resume_from_waits_for_the_restore_beside_the_trainer(
-    folder: Path, monkeypatch: pytest.MonkeyPatch, outcome: local.Restored, returns: bool
+    checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch, outcome: local.Restored, returns: bool
 ) -> None:
-    path = folder / "checkpoint-20"
+    path = checkpoint_dir / "checkpoint-20"
     monkeypatch.setenv(ENV_RESUME_FROM, str(path))
     monkeypatch.setenv(ENV_RESUME_WAIT, "1")
     result: list[Path | BaseException | None] = []
@@ -89,7 +90,7 @@ def test_resume_from_waits_for_the_restore_beside_the_trainer(
     assert waiter.is_alive() and result == [], "resume_from returned before the restore ended"
     if returns:
         path.mkdir()
-    local.write_restored(folder, outcome)
+    local.write_restored(checkpoint_dir, outcome)
     waiter.join(10)
 
     assert not waiter.is_alive()
@@ -101,15 +102,15 @@ def test_resume_from_waits_for_the_restore_beside_the_trainer(
 
 
 def test_resume_from_does_not_wait_when_the_restore_ran_first(
-    folder: Path, monkeypatch: pytest.MonkeyPatch
+    checkpoint_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    path = folder / "checkpoint-20"
+    path = checkpoint_dir / "checkpoint-20"
     path.mkdir()
     monkeypatch.setenv(ENV_RESUME_FROM, str(path))
     monkeypatch.delenv(ENV_RESUME_WAIT, raising=False)
 
     assert trainer.resume_from(folder=True) == path
-    assert local.read_restored(folder) is None
+    assert local.read_restored(checkpoint_dir) is None
 
 
 @pytest.mark.parametrize(
@@ -119,30 +120,32 @@ def test_resume_from_does_not_wait_when_the_restore_ran_first(
         ("epoch=0-step=10.ckpt", "epoch=0-step=10.ckpt.trainingrun-complete"),
     ],
 )
-def test_mark_complete_marks_a_folder_or_a_file(folder: Path, name: str, marker: str) -> None:
-    path = folder / name
+def test_mark_complete_marks_a_folder_or_a_file(
+    checkpoint_dir: Path, name: str, marker: str
+) -> None:
+    path = checkpoint_dir / name
     if name.endswith(".ckpt"):
         path.write_bytes(b"weights")
     else:
         path.mkdir()
         (path / "model.bin").write_bytes(b"weights")
     trainer.mark_complete(str(path))
-    assert (folder / marker).exists()
-    assert [c.marked for c in local.scan(folder)] == [True]
+    assert (checkpoint_dir / marker).exists()
+    assert [c.marked for c in local.scan(checkpoint_dir)] == [True]
 
 
-def test_mark_complete_of_a_missing_path_is_an_error(folder: Path) -> None:
+def test_mark_complete_of_a_missing_path_is_an_error(checkpoint_dir: Path) -> None:
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        trainer.mark_complete(folder / "step_5")
-    assert list(folder.iterdir()) == []
+        trainer.mark_complete(checkpoint_dir / "step_5")
+    assert list(checkpoint_dir.iterdir()) == []
 
 
-def test_report_progress_is_what_the_sidecar_reads(folder: Path) -> None:
+def test_report_progress_is_what_the_sidecar_reads(checkpoint_dir: Path) -> None:
     trainer.report_progress(7, 40)
-    assert local.read_progress(folder) == local.Progress(7, 40)
+    assert local.read_progress(checkpoint_dir) == local.Progress(7, 40)
 
 
-def test_stop_request_sees_sigterm_and_puts_the_old_handler_back(folder: Path) -> None:
+def test_stop_request_sees_sigterm_and_puts_the_old_handler_back(checkpoint_dir: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     with trainer.StopRequest() as stop:
         assert stop.reason() is None
@@ -151,20 +154,21 @@ def test_stop_request_sees_sigterm_and_puts_the_old_handler_back(folder: Path) -
     assert signal.getsignal(signal.SIGTERM) is before
 
 
-def test_stop_request_sees_the_sidecars_save_now_request(folder: Path) -> None:
+def test_stop_request_sees_the_sidecars_save_now_request(checkpoint_dir: Path) -> None:
+    before = signal.getsignal(signal.SIGTERM)
     stop = trainer.StopRequest(install=False)
     assert stop.reason() is None
-    local.request_save(folder, "preemption notice: node is being reclaimed")
+    local.request_save(checkpoint_dir, "preemption notice: node is being reclaimed")
     assert stop.reason() == "preemption notice: node is being reclaimed"
-    assert signal.getsignal(signal.SIGTERM) is not stop._on_sigterm
+    assert signal.getsignal(signal.SIGTERM) is before  # install=False: no handler of its own
 
 
-def test_stop_request_installs_nothing_outside_the_main_thread(folder: Path) -> None:
+def test_stop_request_installs_nothing_outside_the_main_thread(checkpoint_dir: Path) -> None:
     before = signal.getsignal(signal.SIGTERM)
     made: list[trainer.StopRequest] = []
     thread = threading.Thread(target=lambda: made.append(trainer.StopRequest()))
     thread.start()
     thread.join()
     assert signal.getsignal(signal.SIGTERM) is before
-    local.request_save(folder, "notice")
+    local.request_save(checkpoint_dir, "notice")
     assert made[0].reason() == "notice"

@@ -75,7 +75,7 @@ def parse_block_id(block: str) -> tuple[str, int] | None:
     return None
 
 
-class _SentCrc(io.RawIOBase):
+class SentCrc(io.RawIOBase):
     """A part's stream as the SDK reads it, with the CRC of the bytes of the pass that went out:
     the SDK reads it once for Content-MD5, then again to send it (and per retry), each time from
     the start; so a file changed between passes is caught here or by the service."""
@@ -261,7 +261,7 @@ class AzureStore(ServiceChecksBodies, Bounded):
             self._check(key, bytes(data), algo, checksum)
             self._call(key, "stage_block", block, data, len(data), validate_content=True)
             return block
-        body = _SentCrc(data, algo)
+        body = SentCrc(data, algo)
         self._call(key, "stage_block", block, body, body.length, validate_content=True)
         if body.sent() != checksum:
             raise ChecksumMismatch(

@@ -95,7 +95,7 @@ class _Capped:
         return len(data)
 
 
-class _Blocks:
+class Blocks:
     """A file for download_to_file that hands the library's small writes on to ``sink`` in
     blocks of ``chunk``: one block in memory, whatever the range's length."""
 
@@ -343,7 +343,7 @@ class GcsStore(sb.ServiceChecksBodies, Bounded):
     ) -> int:
         """Streams bytes ``start``..``end`` into ``sink`` in blocks of ``chunk``, unchecked (a
         range has no checksum of its own; the caller checks the whole file)."""
-        out = _Blocks(sink, chunk)
+        out = Blocks(sink, chunk)
         ranged = {"start": start, "end": end, "raw_download": True, "checksum": None, **self.kw}
         self._do(key, lambda b: b.blob(key).download_to_file(out, **ranged))
         out.flush()

@@ -55,7 +55,7 @@ def _read_buffer(size: int) -> memoryview:
     return view[:size]
 
 
-def _socket_reader(body: Any) -> Any:
+def socket_reader(body: Any) -> Any:
     """The HTTP response under botocore's StreamingBody, to ``readinto`` a buffer straight from
     the connection: it stops at the response's Content-Length. None, and botocore's own reads,
     when the layers are not the ones this was written for (urllib3 2, http.client) or the body
@@ -73,7 +73,7 @@ def _socket_reader(body: Any) -> Any:
 def _stream(body: Any, sink: Sink, chunk: int) -> int:
     """Hands a response body to ``sink`` block by block; returns how many bytes came."""
     done = 0
-    reader = _socket_reader(body)
+    reader = socket_reader(body)
     if reader is None:
         for block in body.iter_chunks(chunk):
             sink(block)
@@ -372,7 +372,7 @@ class S3Store(Bounded):
     def read_range(self, key: str, start: int, end: int, sink: Sink, chunk: int = 8 << 20) -> int:
         """Streams bytes ``start``..``end`` inclusive of an object into ``sink`` in blocks of
         up to ``chunk``; returns how many bytes came. The blocks are views of one buffer, read
-        into straight from the connection (``_socket_reader``)."""
+        into straight from the connection (``socket_reader``)."""
         try:
             resp = self.client.get_object(Bucket=self.bucket, Key=key, Range=f"bytes={start}-{end}")
             return _stream(resp["Body"], sink, chunk)
