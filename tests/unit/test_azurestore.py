@@ -150,7 +150,7 @@ def test_translate(err: Exception, expected: type[Exception], says: str) -> None
     assert says in str(got)
     assert "SECRET" not in str(got)
     if expected is StorageAccessDenied:
-        assert "docs/storage.md#azure-blob-storage" in str(got)
+        assert "docs/storage-azure.md#azure-roles" in str(got)
 
 
 def test_translate_reads_the_sdks_error_code_without_a_header() -> None:

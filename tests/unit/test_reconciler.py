@@ -35,7 +35,9 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
 from __future__ import annotations
 
 import copy
+import sys
 import threading
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any, cast
 
@@ -63,6 +65,7 @@ from trainingrun.decide.naming import run_prefix
 from trainingrun.decide.oldpods import Timing
 from trainingrun.decide.waits import MIN_RETRY_SECONDS
 from trainingrun.operator.buckets import RunStores
+from trainingrun.operator.launch import Launcher
 from trainingrun.operator.metrics import OperatorMetrics
 from trainingrun.operator.reconciler import Reconciler
 from trainingrun.operator.settings import OperatorSettings
@@ -84,6 +87,37 @@ class Events:
         return [reason for _, reason, _ in self.posted]
 
 
+# The Kubernetes API's writes; during a pass only the applier makes them.
+API_WRITES = (
+    "patch_run_status",
+    "annotate_pod",
+    "delete_pod_by_uid",
+    "create_pod",
+    "create_service",
+    "create_object",
+    "replace_object_status",
+    "delete_object",
+)
+APPLIER = "trainingrun.operator.applier"
+
+
+def only_the_applier_writes(kube: Any, in_pass: Callable[[], bool]) -> None:
+    """Wraps ``kube``'s writes: one called during a pass from a module of the product other
+    than the applier fails the test (a test's own call, from a test module, is let through)."""
+    for name in API_WRITES:
+        write = getattr(kube, name, None)
+        if write is None:  # a fake without it (a test's subclass may add it)
+            continue
+
+        def guarded(*args: Any, _write: Any = write, _name: str = name, **kwargs: Any) -> Any:
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if in_pass() and caller.startswith("trainingrun.") and caller != APPLIER:
+                raise AssertionError(f"{caller} called {_name} during a pass, not the applier")
+            return _write(*args, **kwargs)
+
+        setattr(kube, name, guarded)
+
+
 class World:
     """A cluster and a bucket in memory, and a Reconciler over them (``restart()`` builds a new
     one over the same world: an operator restart, caches and memory lost)."""
@@ -99,6 +133,8 @@ class World:
         self.clock = Clock()
         self.settings = settings or OperatorSettings()
         self.kube = FakeKube()
+        self.in_pass = False
+        only_the_applier_writes(self.kube, lambda: self.in_pass)
         self.bucket = FakeBucket()
         builder = make_run(RUN).with_restart_policy(**policy)
         if replicas > 1:
@@ -131,7 +167,11 @@ class World:
         metrics.count_lingering_with(self.reconciler.old_pods.lingering)
 
     def reconcile(self) -> float | None:
-        return self.reconciler.reconcile(NAMESPACE, RUN)
+        self.in_pass = True
+        try:
+            return self.reconciler.reconcile(NAMESPACE, RUN)
+        finally:
+            self.in_pass = False
 
     def status(self) -> dict[str, Any]:
         return self.kube.status_of(NAMESPACE, RUN)
@@ -846,3 +886,17 @@ def test_a_suspension_annotates_the_pod_then_deletes_it_once_ended_and_resumes_a
         R.SUSPEND_LIFTED,
         R.RESUMED,
     ]
+
+
+# -- one applier --------------------------------------------------------------------------------
+
+
+def test_a_room_writing_past_the_applier_fails_the_pass() -> None:
+    """Every World's pass holds its writes to the applier; a launcher given the API client
+    itself (as before the applier) is caught at its first create."""
+    w = World()
+    r = w.reconciler
+    r.starter.launcher = Launcher(w.kube, r.view, OperatorMetrics(CollectorRegistry()), w.settings)
+
+    with pytest.raises(AssertionError, match=r"trainingrun\.operator\.launch called create_pod"):
+        w.reconcile()

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
+from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
 from trainingrun.decide import hold, notices, savefit
 from trainingrun.decide import reasons as R
@@ -40,7 +40,7 @@ from trainingrun.decide.naming import pod_name
 from trainingrun.decide.notices import Notice
 from trainingrun.decide.podview import parse_instant, stops_by_itself
 from trainingrun.decide.policy import Action, Counters, decide
-from trainingrun.decide.protection import awaiting_message, judge
+from trainingrun.decide.protection import Verdict, awaiting_message, judge
 from trainingrun.decide.status import (
     Event,
     condition_event,
@@ -214,21 +214,10 @@ def _protect(p: Plan, obs: Observed, current: str) -> Plan:
             kept = [c for c in conds if c.type != R.PROTECTED]
             return replace(p, status=p.status.model_copy(update={"conditions": kept}))
         return p
-    label = _attempt_label(obs, p.status.attempt, current)
-    v = judge(obs.pod, p.status.latest_checkpoint, obs.spec.checkpoint, label, obs.now)
-    if v is None:
+    judged = _judged(p.status, obs, current)
+    if judged is None:
         return p
-    old = next((c for c in conds if c.type == R.PROTECTED), None)
-    old_time = parse_instant(old.last_transition_time) if old else None
-    # The Unknown that started() set for this very attempt (its label is in the message) is
-    # this attempt's, though set before its trainer started: kept, not replaced.
-    own = old is not None and (old.status, old.reason, old.message) == (
-        "Unknown",
-        v.reason,
-        v.message,
-    )
-    if old is not None and not own and (old_time is None or old_time < v.since):
-        conds, old = [c for c in conds if c.type != R.PROTECTED], None
+    v, conds, old = judged
     # Never before the trainer's start (the operator's clock may lag the node's): else the
     # condition would look older than the attempt on the next pass.
     at = max(obs.now, v.since)
@@ -242,15 +231,52 @@ def _protect(p: Plan, obs: Observed, current: str) -> Plan:
     return replace(p, status=status, events=events, requeue_after=requeue)
 
 
+def _judged(
+    status: TrainingRunStatus, obs: Observed, current: str
+) -> tuple[Verdict, list[Condition], Condition | None] | None:
+    """The protection verdict of the running attempt, the conditions to set it in, and the
+    ``Protected`` condition it follows (None: none, or one of an earlier attempt, replaced)."""
+    label = _attempt_label(obs, status.attempt, current)
+    v = judge(obs.pod, status.latest_checkpoint, obs.spec.checkpoint, label, obs.now)
+    if v is None:
+        return None
+    conds = list(status.conditions)
+    old = next((c for c in conds if c.type == R.PROTECTED), None)
+    old_time = parse_instant(old.last_transition_time) if old else None
+    # The Unknown that started() set for this very attempt (its label is in the message) is
+    # this attempt's, though set before its trainer started: kept, not replaced.
+    own = old is not None and (old.status, old.reason, old.message) == (
+        "Unknown",
+        v.reason,
+        v.message,
+    )
+    if old is not None and not own and (old_time is None or old_time < v.since):
+        conds, old = [c for c in conds if c.type != R.PROTECTED], None
+    return v, conds, old
+
+
 def sooner(a: float | None, b: float | None) -> float | None:
     """The earlier of two requeue delays (None: no requeue)."""
     return b if a is None else a if b is None else min(a, b)
 
 
 def warns_unprotected(obs: Observed) -> bool:
-    """Whether this pass would warn that the attempt is unprotected: the reconciler then reads
-    the bucket manifest first, so a checkpoint committed since its last read is not missed."""
-    return plan(obs).warns_unprotected
+    """Whether a pass of ``obs`` is about to warn that the running attempt is unprotected (its
+    ``Protected`` condition flips to False), judged on the checkpoint the status records: the
+    reconciler then reads the bucket manifest before it plans, so a checkpoint committed since
+    its last read is not missed. Needs no plan: the pass plans once, after that read."""
+    status = obs.status
+    if status.attempt == 0 or is_finished(status) or is_held(status):
+        return False
+    if not obs.spec.checkpoint.unprotected_after_seconds:
+        return False
+    latest = _newer(obs.latest, status.latest_checkpoint)
+    status = status.model_copy(update={"latest_checkpoint": latest})
+    judged = _judged(status, obs, pod_name(obs.name, status.attempt, 0, obs.spec.replicas))
+    if judged is None:
+        return False
+    v, _, old = judged
+    return v.protected is False and (old.status if old else None) != "False"
 
 
 # Reasons of a running attempt that waits for something (a pass looks again at ``decide_at``).

@@ -31,7 +31,7 @@ Key = tuple[str, str]  # (namespace, run name)
 
 
 class Creator(Protocol):
-    """The calls of ``trainingrun.operator.kube.Kube`` a launch makes."""
+    """The writes a launch makes (``trainingrun.operator.applier.Applier``)."""
 
     def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
     def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
@@ -74,7 +74,7 @@ class Launcher:
             self._said.pop((namespace, name), None)
             self._service_of.pop((namespace, name), None)
 
-    def launch(self, run: dict[str, Any], ref: RunRef, pods: Sequence[dict[str, Any]]) -> Launched:
+    def launch(self, ref: RunRef, pods: Sequence[dict[str, Any]]) -> Launched:
         """Creates ``pods`` (rank order) and, for a gang, its Service first."""
         if len(pods) > 1:
             refused = self._service(ref)
@@ -82,13 +82,13 @@ class Launcher:
                 return refused
         first: dict[str, Any] | None = None
         for pod in pods:
-            done = self._create(run, ref, pod)
+            done = self._create(ref, pod)
             if done.first is None:
                 return done
             first = first or done.first
         return Launched(first=first)
 
-    def _create(self, run: dict[str, Any], ref: RunRef, pod: dict[str, Any]) -> Launched:
+    def _create(self, ref: RunRef, pod: dict[str, Any]) -> Launched:
         namespace, what = ref.namespace, pod["metadata"]["name"]
         try:
             created, fresh = self._api.create_pod(pod)

@@ -2,14 +2,16 @@
 around the pure ``trainingrun.decide.workload``. A queued run's Workload is read at each of its
 passes, which come back every ``POLL_SECONDS`` while it is queued.
 
-At each pass of such a run: whether Kueue is installed (asked of the API server, remembered for
-a while), its Workload (created when missing, shaped like the attempt's pods, with the hash of
-the template it is made for), and what Kueue's answer means for the run (``decide.hold.Queue``,
-which ``plan()`` follows; ``decide.workload.answer``: another's Workload of that name is never
-adopted, one made for another template admits no new attempt). After the pass: a Workload Kueue
-evicted gets its quota back once the run has no pod left, one made for another template is
-finished and deleted then (the next pass creates the new one), and one whose run ended is marked
-Finished. The operator writes and deletes only Workloads whose controller owner is the run.
+At each pass of such a run, in gather: whether Kueue is installed (asked of the API server,
+remembered for a while), its Workload (when missing, the body the apply step creates: shaped
+like the attempt's pods, with the hash of the template it is made for; a refused create holds
+the run with its reason at the next pass), and what Kueue's answer means for the run
+(``decide.hold.Queue``, which ``plan()`` follows; ``decide.workload.answer``: another's
+Workload of that name is never adopted, one made for another template admits no new attempt).
+After the pass: a Workload Kueue evicted gets its quota back once the run has no pod left, one
+made for another template is finished and deleted then (the next pass creates the new one),
+and one whose run ended is marked Finished. The operator writes and deletes only Workloads whose
+controller owner is the run.
 """
 
 from __future__ import annotations
@@ -40,12 +42,17 @@ POLL_SECONDS = 2.0
 
 
 class ObjectApi(Protocol):
-    """The calls of ``trainingrun.operator.kube.Kube`` this module makes."""
+    """The reads of ``trainingrun.operator.kube.Kube`` this module makes."""
 
     def has_api(self, group: str, version: str, plural: str) -> bool: ...
     def get_object(
         self, group: str, version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None: ...
+
+
+class ObjectWriter(Protocol):
+    """The writes this module makes (``trainingrun.operator.applier.Applier``)."""
+
     def create_object(
         self, group: str, version: str, plural: str, body: dict[str, Any]
     ) -> dict[str, Any] | None: ...
@@ -70,6 +77,7 @@ class Seen:
     queue: Queue | None = None  # Kueue's answer for the run; None: it names no queue
     workload: dict[str, Any] | None = None  # the run's own Workload, if any
     stale: bool = False  # made for another pod template, and no attempt runs under it
+    create: dict[str, Any] | None = None  # the Workload to create (the run's is missing)
 
 
 class RunPods(Protocol):
@@ -84,12 +92,17 @@ def _runs(pod: Mapping[str, Any]) -> bool:
 
 
 class Queues:
-    def __init__(self, api: ObjectApi, monotonic: Callable[[], float]) -> None:
+    def __init__(
+        self, api: ObjectApi, writer: ObjectWriter, monotonic: Callable[[], float]
+    ) -> None:
         self._api = api
+        self._writer = writer
         self._monotonic = monotonic
         self._installed: tuple[float, bool] | None = None
         # Workloads made for an older template whose DELETE was refused: why, for the status.
         self._refused: dict[tuple[str, str], str] = {}
+        # Workloads whose create was refused: why, for the status of the next pass.
+        self._create_refused: dict[tuple[str, str], str] = {}
         self._lock = threading.Lock()
 
     def installed(self) -> bool:
@@ -138,20 +151,35 @@ class Queues:
             return Seen(W.queue_of(None, queue, installed=True))
         pod = build_pod(ref, max(status.attempt, 1), None, agent, 0, 0)
         body = W.build_workload(run, pod, ref.spec.replicas, self._priority(meta), admission)
+        with self._lock:
+            refused = self._create_refused.get((namespace, name))
+        if refused is not None:  # the last create was refused: said, and tried again
+            return Seen(Queue(False, R.WORKLOAD_FAILED, refused), create=body)
+        return Seen(W.queue_of(None, queue, installed=True), create=body)
+
+    def create(self, run: Mapping[str, Any], seen: Seen) -> None:
+        """Creates the run's missing Workload (the apply step); a refusal is remembered and
+        holds the run with its reason at the next pass, which tries again."""
+        if seen.create is None:
+            return
+        meta = run["metadata"]
+        namespace, name = meta["namespace"], seen.create["metadata"]["name"]
         try:
-            created = self._api.create_object(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
+            self._writer.create_object(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, seen.create)
         except (Invalid, Forbidden) as e:
-            message = f"cannot create the run's Kueue Workload {name}: {e}"
-            return Seen(Queue(False, R.WORKLOAD_FAILED, message))
+            with self._lock:
+                self._create_refused[(namespace, name)] = (
+                    f"cannot create the run's Kueue Workload {name}: {e}"
+                )
+            return
         except NotServed:  # uninstalled since the last look
             with self._lock:
                 self._installed = (self._monotonic(), False)
-            return Seen(W.queue_of(None, queue, installed=False))
+            return
+        with self._lock:
+            self._create_refused.pop((namespace, name), None)
+        queue = W.queue_name(meta.get("labels"))
         log.info("%s/%s: Workload %s created in queue %s", namespace, meta["name"], name, queue)
-        found = created if created is not None else self._get(namespace, name)
-        if found is not None and not W.owned_by(found, meta["uid"]):  # another's took the name
-            return Seen(W.answer(found, queue, meta["uid"], admission, running))
-        return Seen(W.queue_of(found, queue, installed=True), found)
 
     def settle(
         self,
@@ -186,7 +214,7 @@ class Queues:
             new = W.released(workload, now)
         if new is not None:
             body = {**workload, "status": new}
-            self._api.replace_object_status(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
+            self._writer.replace_object_status(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
 
     def _replace(self, workload: dict[str, Any], now: datetime) -> None:
         """Finishes (``OutOfSync``: its quota goes back) and deletes a Workload made for
@@ -197,9 +225,9 @@ class Queues:
         new = W.replaced(workload, now)
         if new is not None:
             body = {**workload, "status": new}
-            self._api.replace_object_status(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
+            self._writer.replace_object_status(W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, body)
         try:
-            self._api.delete_object(
+            self._writer.delete_object(
                 W.KUEUE_GROUP, W.KUEUE_VERSION, W.WORKLOADS, name, namespace, meta.get("uid")
             )
         except Forbidden as e:
@@ -217,6 +245,7 @@ class Queues:
         """The run is gone: nothing of its Workload is remembered."""
         with self._lock:
             self._refused.pop((namespace, W.workload_name(run)), None)
+            self._create_refused.pop((namespace, W.workload_name(run)), None)
 
     @staticmethod
     def poll_after(seen: Seen, status: TrainingRunStatus) -> float | None:

@@ -29,7 +29,6 @@ from pydantic import ValidationError
 
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.checkpoint.manifest import ManifestError
-from trainingrun.contract import ANNOTATION_NOTICE
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
@@ -40,26 +39,28 @@ from trainingrun.decide.reconcile import (
     attempt_outcome,
     plan,
     sooner,
+    warns_unprotected,
 )
 from trainingrun.decide.status import is_finished
+from trainingrun.operator.applier import Applier, WriteApi, storage_refused
 from trainingrun.operator.buckets import Checkpoints, MissingSecret, RunStores
 from trainingrun.operator.cache import ClusterView, ObjectReader
 from trainingrun.operator.events import EventSink
-from trainingrun.operator.launch import Creator, Launcher
+from trainingrun.operator.launch import Launcher
 from trainingrun.operator.metrics import OperatorMetrics
 from trainingrun.operator.notices import Notices, PodAnnotator
-from trainingrun.operator.oldpods import OldPods, PodDeleter
+from trainingrun.operator.oldpods import OldPods
 from trainingrun.operator.queues import ObjectApi, Queues, Seen
 from trainingrun.operator.settings import OperatorSettings
 from trainingrun.operator.starts import Starter
-from trainingrun.operator.statuswriter import StatusApi, StatusWriter, storage_refused
 from trainingrun.storage.opener import StorageError, StorageMisconfigured, log_text
 
 log = logging.getLogger("trainingrun.operator")
 
 
-class KubeApi(ObjectReader, PodAnnotator, PodDeleter, Creator, ObjectApi, StatusApi, Protocol):
-    """The calls of ``trainingrun.operator.kube.Kube`` the reconciler makes."""
+class KubeApi(ObjectReader, PodAnnotator, ObjectApi, WriteApi, Protocol):
+    """The calls of ``trainingrun.operator.kube.Kube`` the reconciler makes: reads in gather,
+    writes through its ``Applier`` only."""
 
 
 @dataclass
@@ -90,11 +91,11 @@ class Reconciler:
         self.settings = settings
         self.view = ClusterView(api)
         self.notices = notices or Notices(api, settings.notice_taints)
-        self.old_pods = OldPods(api, self.view, events, metrics)
-        self.launcher = Launcher(api, self.view, metrics, settings, monotonic)
-        self.queues = Queues(api, monotonic)
-        self.writer = StatusWriter(api, self.view, events)
-        self.starter = Starter(stores, self.launcher, self.writer, events, settings)
+        self.applier = Applier(api, self.view, events)
+        self.old_pods = OldPods(self.applier, self.view, events, metrics)
+        self.launcher = Launcher(self.applier, self.view, metrics, settings, monotonic)
+        self.queues = Queues(api, self.applier, monotonic)
+        self.starter = Starter(stores, self.launcher, self.applier, settings)
         self._now = now
         self._monotonic = monotonic
         self._memory: dict[tuple[str, str], RunMemory] = {}
@@ -154,28 +155,25 @@ class Reconciler:
         except ValidationError as e:
             err = e.errors()[0]
             where = "spec." + ".".join(str(p) for p in err["loc"])
-            self.writer.fail(run, status, R.INVALID_SPEC, f"{where}: {err['msg']}", now)
+            self.applier.fail(run, status, R.INVALID_SPEC, f"{where}: {err['msg']}", now)
             return None
         ref = RunRef(name=name, namespace=namespace, uid=meta["uid"], spec=spec)
-        if storage_refused(self.writer, self.settings, run, status, ref, now):
+        if storage_refused(self.applier, self.settings, run, status, ref, now):
             return None
         self.notices.remember((namespace, name), spec)
 
         obs, begun, ended, queued = self._observe(run, ref, status, generation, now)
         # An attempt's end, and the warning that it committed nothing, are judged on the bucket
         # manifest itself rather than the last refresh (up to checkpoint_refresh_seconds old).
-        # The plan of a running attempt is made before the read, to see whether it warns; it
-        # is the pass's plan too when the read brings no checkpoint (the same observation).
-        running = plan(obs) if begun and not ended else None
-        due = ended or (running is not None and running.warns_unprotected)
+        due = ended or (begun and warns_unprotected(obs))
         try:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except (MissingSecret, StorageMisconfigured) as e:
             return self.starter.unusable_storage(run, status, e, now)
-        made = running if seen.latest is None else None
         obs = replace(obs, latest=seen.latest)
-        p = made if made is not None else plan(obs)
+        p = plan(obs)  # the one plan of the pass
         again = self._apply(run, ref, obs, p, seen.seen)
+        self.queues.create(run, queued)  # the run's missing Workload
         self.queues.settle(run, p.status, queued, self.view, self._now())
         return sooner(again, self.queues.poll_after(queued, p.status))
 
@@ -215,19 +213,19 @@ class Reconciler:
         run: dict[str, Any],
         ref: RunRef,
         obs: Observed,
-        made: Plan | None = None,
+        p: Plan,
         seen: tuple[bytes, str] | None = None,
     ) -> float | None:
-        """Status first, then Events, then the pods; the next attempt's pods only once the
-        status records the attempt, or in one write with them (below). ``made``: the plan of
-        ``obs``, if made; ``seen``: the bucket manifest as this pass read it, if it did.
+        """The plan's writes, through the applier, in its order (``trainingrun.operator.applier``):
+        status, Events and annotations, then the pods that go, then the next attempt's. ``seen``:
+        the bucket manifest as this pass read it, if it did.
 
-        A start due at once (no backoff, no old sidecar still committing, no pod the plan ends)
-        writes the plan's status together with the started attempt, once its pods exist: one
-        status write instead of two. Stopped between the create and that write, the next
-        operator judges the same ending again and finds the pods by name (a create answers
-        409 and adopts them): no attempt number is skipped, no second pod made."""
-        p = made if made is not None else plan(obs)
+        A start due at once (no backoff, no old sidecar still committing, no pod the plan ends,
+        nothing to annotate) writes the plan's status together with the started attempt, once
+        its pods exist: one status write instead of two. Stopped between the create and that
+        write, the next operator judges the same ending again and finds the pods by name (a
+        create answers 409 and adopts them): no attempt number is skipped, no second pod
+        made."""
         starting = p.create_attempt is not None
         if starting and p.create_attempt != p.status.attempt:
             raise AssertionError("plan asked for a pod of another attempt than the status records")
@@ -241,27 +239,14 @@ class Reconciler:
             starting and wait is None and not p.delete_pods and not p.annotate and not p.notice
         )
         if not at_once:
-            self._record(run, ref, p)
+            self.applier.record(run, ref, p)
         # Every pod of an older attempt, and the one the plan ends, until gone; never raises.
         again = self.old_pods.sweep(run, p.status.attempt, obs.now, also=p.delete_pods)
         if not starting:
             return sooner(p.requeue_after, again)
         if wait is not None:
             return sooner(wait, again)
-        record = (lambda: self._record(run, ref, p)) if at_once else None
-        return sooner(self.starter.start(run, ref, obs, p, seen, record), again)
-
-    def _record(self, run: dict[str, Any], ref: RunRef, p: Plan) -> None:
-        """The plan's status, then its Events, then the notice handed on to the attempt's
-        other pods, then the pods it asks to save and stop."""
-        self.writer.write(ref.namespace, ref.name, run.get("status") or {}, p.status)
-        for ev in p.events:
-            self.events.post(run, ev.type, ev.reason, ev.message)
-        if p.notice is not None:  # a notice on one pod reaches the others (decide.notices)
-            for pod in p.notice.pods:
-                self.api.annotate_pod(ref.namespace, pod, {ANNOTATION_NOTICE: p.notice.text})
-        for pod in p.annotate:  # asked to save and stop for a hold (decide.hold)
-            self.api.annotate_pod(ref.namespace, pod, dict(p.annotations))
+        return sooner(self.starter.start(run, ref, obs, p, seen, recorded=not at_once), again)
 
     def _checkpoints(self, ref: RunRef, mem: RunMemory, due: bool, first: bool) -> Checkpoints:
         """The run manifest when ``due`` (an attempt ended, or is about to be warned

@@ -10,7 +10,6 @@ start reads them again; while older ones remain untried it waits, and the next t
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
 from typing import Any
@@ -25,29 +24,27 @@ from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reconcile import Observed, Plan, started
 from trainingrun.decide.status import Event
 from trainingrun.decide.waits import MIN_RETRY_SECONDS, Wait, secret_wait, wait, wait_over
+from trainingrun.operator.applier import Applier
 from trainingrun.operator.buckets import MissingSecret, RunStores, public_message
-from trainingrun.operator.events import EventSink
 from trainingrun.operator.launch import Launched, Launcher
 from trainingrun.operator.settings import OperatorSettings
-from trainingrun.operator.statuswriter import StatusWriter
 from trainingrun.storage.opener import StorageError, StorageMisconfigured, log_text
 
 log = logging.getLogger("trainingrun.operator")
 
 
 class Starter:
-    """Starts attempts for the reconciler; writes through its ``StatusWriter``."""
+    """Starts attempts for the reconciler; writes through its ``Applier``."""
 
     def __init__(
         self,
         stores: RunStores,
         launcher: Launcher,
-        writer: StatusWriter,
-        events: EventSink,
+        applier: Applier,
         settings: OperatorSettings,
     ) -> None:
-        self.stores, self.launcher, self.writer = stores, launcher, writer
-        self.events, self.settings = events, settings
+        self.stores, self.launcher, self.applier = stores, launcher, applier
+        self.settings = settings
 
     def start(
         self,
@@ -56,57 +53,55 @@ class Starter:
         obs: Observed,
         p: Plan,
         seen: tuple[bytes, str] | None = None,
-        record: Callable[[], None] | None = None,
+        recorded: bool = True,
     ) -> float | None:
         """Creates the pods of ``p.status.attempt`` from the newest usable checkpoint.
-        ``record``: given when the plan's status and Events are not written yet; they go in one
-        write with the started attempt, or (by calling it) on their own first when the start
-        stops short."""
-        pending = [record] if record is not None else []
-
-        def first() -> None:  # the plan's status and Events, before anything else is said
-            while pending:
-                pending.pop()()
-
+        ``recorded``: whether the plan's status and Events are written already; when not, they
+        go in one write with the started attempt, or on their own first when the start stops
+        short (every write through the applier)."""
         status = p.status
         problem = gang_name_problem(ref.name, status.attempt, ref.spec.replicas)
         if problem is not None:
-            first()
-            self.writer.fail(run, status, R.INVALID_SPEC, problem, obs.now)
+            recorded = self._record(run, ref, p, recorded)
+            self.applier.fail(run, status, R.INVALID_SPEC, problem, obs.now)
             return None
-        fenced = self._fence(run, ref, obs, status, seen, first)
+        fenced = self._fence(ref, status, seen)
         if not isinstance(fenced, tuple):
-            return fenced
+            recorded = self._record(run, ref, p, recorded)
+            return self._unfenced(run, ref, obs, status, fenced)
         choice, epoch, manifest = fenced
-        recorded = status  # as written: what the writes below compare with
+        written = status  # as written: what the writes below compare with
         if choice.rejected:
-            first()  # the plan's Events before the checkpoints' own
+            recorded = self._record(run, ref, p, recorded)  # the plan's Events before these
             status, skipped = self._skipped(run, obs, status, choice, manifest)
             if skipped is not None:
-                return self.writer.wait(run, recorded, skipped)
+                return self.applier.wait(run, written, skipped)
         pods = attempt_pods(ref, status.attempt, choice, epoch, self.settings.agent)
-        launched = self.launcher.launch(run, ref, pods)
+        launched = self.launcher.launch(ref, pods)
         if launched.first is None or launched.invalid is not None or launched.held is not None:
-            first()
+            recorded = self._record(run, ref, p, recorded)
         if launched.invalid is not None:
-            self.writer.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
-        if launched.held is not None:
-            self.writer.wait(run, recorded, held_by(launched, status, obs))  # status, then Event
+            self.applier.fail(run, status, R.INVALID_SPEC, launched.invalid, obs.now)
+        if launched.held is not None:  # the status, then its Event
+            self.applier.wait(run, written, held_by(launched, status, obs))
         if launched.first is None:
             return launched.wait
         new, ev = started(status, obs, launched.first)
         new = wait_over(new, obs.generation, obs.now)
-        unwritten = bool(pending)
         before = (
             (run.get("status") or {})
-            if unwritten
-            else recorded.model_dump(by_alias=True, mode="json")
+            if not recorded
+            else written.model_dump(by_alias=True, mode="json")
         )
-        self.writer.write(ref.namespace, ref.name, before, new)
-        for told in p.events if unwritten else ():
-            self.events.post(run, told.type, told.reason, told.message)
-        self.events.post(run, ev.type, ev.reason, ev.message)
+        self.applier.write(ref.namespace, ref.name, before, new)
+        self.applier.say(run, [*(p.events if not recorded else ()), ev])
         return None
+
+    def _record(self, run: dict[str, Any], ref: RunRef, p: Plan, recorded: bool) -> bool:
+        """The plan's status and Events, unless written already; returns True."""
+        if not recorded:
+            self.applier.record(run, ref, p)
+        return True
 
     def _skipped(
         self,
@@ -120,7 +115,7 @@ class Starter:
         the status to go on with, and the wait when older ones are still to be tried (the next
         try reads them, not these again)."""
         message = skipped_message(choice)
-        self.events.post(run, "Warning", R.CHECKPOINT_SKIPPED, message)
+        self.applier.say(run, [Event("Warning", R.CHECKPOINT_SKIPPED, message)])
         status = with_bad_steps(status, choice, manifest)
         if choice.entry is not None or not choice.untried:
             return status, None
@@ -130,44 +125,50 @@ class Starter:
         return status, replace(held, event=None, retry_after=MIN_RETRY_SECONDS)  # said above
 
     def _fence(
-        self,
-        run: dict[str, Any],
-        ref: RunRef,
-        obs: Observed,
-        status: TrainingRunStatus,
-        seen: tuple[bytes, str] | None,
-        first: Callable[[], None],
-    ) -> tuple[Choice, int, RunManifest] | float | None:
+        self, ref: RunRef, status: TrainingRunStatus, seen: tuple[bytes, str] | None
+    ) -> tuple[Choice, int, RunManifest] | Exception:
         """The run's fence for the attempt and the checkpoint it resumes from, with the
-        attempt's epoch and the manifest as the fence left it; or, when the storage cannot give
-        them, what the start waits (written after ``first``)."""
-        namespace, name = ref.namespace, ref.name
+        attempt's epoch and the manifest as the fence left it; or why the storage cannot give
+        them."""
         try:
             # The fence first: from here no older attempt can commit, so the choice below sees
             # every checkpoint there will be before this attempt's own.
             manifest, epoch = self.stores.take_fence(ref, status.attempt, seen)
             choice = self.stores.choose(ref, set(status.bad_checkpoints), manifest)
             return choice, epoch, manifest
-        except (MissingSecret, StorageMisconfigured) as e:
-            first()
+        except (
+            MissingSecret,
+            StorageMisconfigured,
+            StaleAttempt,
+            StorageError,
+            ManifestError,
+        ) as e:
+            return e
+
+    def _unfenced(
+        self,
+        run: dict[str, Any],
+        ref: RunRef,
+        obs: Observed,
+        status: TrainingRunStatus,
+        e: Exception,
+    ) -> float | None:
+        """What a start the storage stopped writes: a wait, or the run failed."""
+        namespace, name = ref.namespace, ref.name
+        if isinstance(e, (MissingSecret, StorageMisconfigured)):
             return self.unusable_storage(run, status, e, obs.now)
-        except StaleAttempt as e:
-            first()
+        if isinstance(e, StaleAttempt):
             log.warning("%s/%s: not starting attempt %d: %s", namespace, name, status.attempt, e)
             return self.settings.resync_seconds
-        except (StorageError, ManifestError) as e:
-            first()
-            # Without the manifest the newest checkpoint is unknown; starting fresh would lose
-            # work, and without the fence an old attempt could still commit: wait for the bucket.
-            why = log_text(e)
-            log.warning(
-                "%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, why
-            )
-            why = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
-            said = public_message(e, ref.spec.checkpoint.storage)
-            message = f"cannot take the fence or read checkpoints in the bucket, retrying: {said}"
-            held = wait(status, obs.generation, why, message, obs.now)
-            return self.writer.wait(run, status, held)
+        # Without the manifest the newest checkpoint is unknown; starting fresh would lose
+        # work, and without the fence an old attempt could still commit: wait for the bucket.
+        why = log_text(e)
+        log.warning("%s/%s: cannot take the fence or choose a checkpoint: %s", namespace, name, why)
+        reason = R.MANIFEST_UNREADABLE if isinstance(e, ManifestError) else R.STORAGE_UNAVAILABLE
+        said = public_message(e, ref.spec.checkpoint.storage)
+        message = f"cannot take the fence or read checkpoints in the bucket, retrying: {said}"
+        held = wait(status, obs.generation, reason, message, obs.now)
+        return self.applier.wait(run, status, held)
 
     def unusable_storage(
         self, run: dict[str, Any], status: TrainingRunStatus, e: Exception, now: datetime
@@ -175,14 +176,14 @@ class Starter:
         """No client of the run's storage: a settings error fails the run; a missing Secret is
         waited for, for ``secret_wait_seconds``, then fails it."""
         if isinstance(e, StorageMisconfigured):
-            self.writer.fail(run, status, R.STORAGE_MISCONFIGURED, str(e), now)
+            self.applier.fail(run, status, R.STORAGE_MISCONFIGURED, str(e), now)
             return None
         generation = int(run["metadata"].get("generation") or 0)
         held = secret_wait(status, generation, str(e), now, self.settings.secret_wait_seconds)
         if held is None:
-            self.writer.fail(run, status, R.MISSING_SECRET, str(e), now)
+            self.applier.fail(run, status, R.MISSING_SECRET, str(e), now)
             return None
-        return self.writer.wait(run, status, held)
+        return self.applier.wait(run, status, held)
 
 
 def attempt_pods(

@@ -30,7 +30,7 @@ from trainingrun.storage.base import (
 ROLE = (
     "the role Storage Blob Data Contributor on the container (data actions "
     "Microsoft.Storage/storageAccounts/blobServices/containers/blobs/read, write and delete; "
-    "docs/storage.md#azure-blob-storage)"
+    "docs/storage-azure.md#azure-roles)"
 )
 
 
