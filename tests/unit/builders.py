@@ -38,7 +38,7 @@ from trainingrun.contract import (
 )
 from trainingrun.decide.hold import Queue
 from trainingrun.decide.naming import RunRef, run_prefix
-from trainingrun.decide.reconcile import Observed
+from trainingrun.decide.observed import Observed
 
 T0 = datetime(2025, 1, 1, 12, 0, 0, tzinfo=UTC)
 NAMESPACE = "ml"

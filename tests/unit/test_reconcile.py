@@ -45,11 +45,12 @@ from trainingrun.decide.classify import (
     CONFIG_CACHE_RECHECK_SECONDS,
     IMAGE_PULL_GRACE_SECONDS,
 )
+from trainingrun.decide.observed import Observed, Plan
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 from trainingrun.decide.reasons import CRASH_LOOP as REASON_CRASH_LOOP
 from trainingrun.decide.reasons import FAILED, RUNNING, SUCCEEDED
 from trainingrun.decide.reasons import RESTARTS_EXHAUSTED as REASON_RESTARTS_EXHAUSTED
-from trainingrun.decide.reconcile import Observed, Plan, plan, started
+from trainingrun.decide.reconcile import plan, started
 from trainingrun.decide.status import (
     PHASE_BACKOFF,
     PHASE_FAILED,

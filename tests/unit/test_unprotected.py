@@ -39,10 +39,12 @@ from tests.unit.builders import T0, RunBuilder, make_node, make_run, pod_from
 from trainingrun.api import CheckpointRef, Condition, TrainingRunStatus
 from trainingrun.contract import SYNC_CONTAINER, TIME_FORMAT_MICRO, TRAINER_CONTAINER, rfc3339
 from trainingrun.decide import reasons as R
+from trainingrun.decide.observed import Plan
 from trainingrun.decide.pod import AgentSettings, build_pod
 from trainingrun.decide.protection import ACCESS_DENIED_MESSAGE, MAX_SIDECAR_MESSAGE
-from trainingrun.decide.reconcile import Plan, plan, started, warns_unprotected
+from trainingrun.decide.reconcile import plan, started
 from trainingrun.decide.status import Event, fail, set_condition
+from trainingrun.decide.unprotected import warns_unprotected
 
 LIMIT = 600
 

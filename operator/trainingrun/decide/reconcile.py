@@ -1,6 +1,6 @@
 """One reconcile pass of a TrainingRun as a pure function: observed state in, desired status and
 the actions to apply out. The kopf handlers only gather the observation, call these functions
-and apply the plan (status first, then pods, then Events).
+and apply the plan (``trainingrun.operator.applier``: status, Events, annotations, pods).
 
 The attempt counter moves in two steps so that an operator killed at any point neither makes a
 second pod for one attempt nor skips an attempt number:
@@ -20,27 +20,34 @@ killed before that write finds attempt N's pod ended again and decides the same:
 that waited) finds attempt N+1 recorded with no pod: step 2.
 
 While an attempt runs, its ``Protected`` condition says whether it committed a checkpoint since
-its trainer started (``decide.protection``; ``_protect`` below).
+its trainer started (``decide.protection``; ``protect`` below).
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from dataclasses import replace
+from datetime import timedelta
 from typing import Any
 
-from trainingrun.api import CheckpointRef, Condition, TrainingRunSpec, TrainingRunStatus
+from trainingrun.api import TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
 from trainingrun.decide import hold, notices, savefit
 from trainingrun.decide import reasons as R
-from trainingrun.decide.classify import Outcome, classify
-from trainingrun.decide.gang import Member, gang_outcome
+from trainingrun.decide.classify import Outcome
+from trainingrun.decide.gang import Member
 from trainingrun.decide.naming import pod_name
-from trainingrun.decide.notices import Notice
-from trainingrun.decide.podview import parse_instant, stops_by_itself
+from trainingrun.decide.observed import (
+    Observed,
+    Plan,
+    attempt_label,
+    attempt_outcome,
+    newer,
+    sooner,
+)
+from trainingrun.decide.podview import stops_by_itself
 from trainingrun.decide.policy import Action, Counters, decide
-from trainingrun.decide.protection import Verdict, awaiting_message, judge
+from trainingrun.decide.protection import awaiting_message
 from trainingrun.decide.status import (
     Event,
     condition_event,
@@ -50,57 +57,7 @@ from trainingrun.decide.status import (
     set_condition,
     with_status,
 )
-
-
-@dataclass(frozen=True)
-class Observed:
-    name: str
-    generation: int
-    spec: TrainingRunSpec
-    status: TrainingRunStatus
-    pod: Mapping[str, Any] | None  # the pod of status.attempt, None when absent
-    node: Mapping[str, Any] | None
-    node_deleted: bool
-    latest: CheckpointRef | None  # newest committed checkpoint in the manifest, when read
-    now: datetime
-    # A gang's other pods, ranks 1 to replicas - 1 (``pod`` and ``node`` are rank 0's).
-    peers: tuple[Member, ...] = ()
-    # Kueue's admission of the run's Workload; None: the run names no queue (decide.hold).
-    queue: hold.Queue | None = None
-
-    @property
-    def gang(self) -> tuple[Member, ...]:
-        """Every pod of the attempt, by rank."""
-        replicas = self.spec.replicas
-        first = pod_name(self.name, self.status.attempt, 0, replicas)
-        return (Member(first, self.pod, self.node, self.node_deleted), *self.peers)
-
-
-@dataclass(frozen=True)
-class Plan:
-    status: TrainingRunStatus
-    create_attempt: int | None = None
-    delete_pods: tuple[str, ...] = ()  # pods of this attempt to delete (once status landed)
-    events: list[Event] = field(default_factory=list)
-    requeue_after: float | None = None
-    # Pods of this attempt to annotate with ``annotations`` (asked to save and stop for a hold).
-    annotate: tuple[str, ...] = ()
-    annotations: Mapping[str, str] = field(default_factory=dict)
-    # A preemption notice on one pod of the attempt, for the others (decide.notices).
-    notice: Notice | None = None
-
-    @property
-    def warns_unprotected(self) -> bool:
-        """Whether the pass warns that the attempt is unprotected."""
-        return any(e.reason == R.UNPROTECTED for e in self.events)
-
-
-def _newer(latest: CheckpointRef | None, current: CheckpointRef | None) -> CheckpointRef | None:
-    if latest is None:
-        return current
-    if current is None or latest.step >= current.step:
-        return latest
-    return current
+from trainingrun.decide.unprotected import protect
 
 
 def _with(status: TrainingRunStatus, obs: Observed, **changes: Any) -> TrainingRunStatus:
@@ -113,7 +70,7 @@ def plan(obs: Observed) -> Plan:
     status = obs.status
     if is_finished(status):
         return Plan(_with(status, obs))
-    latest = _newer(obs.latest, status.latest_checkpoint)
+    latest = newer(obs.latest, status.latest_checkpoint)
     conds, events = hold.mark(status, obs.spec, obs.queue, obs.generation, obs.now)
     status = status.model_copy(update={"latest_checkpoint": latest, "conditions": conds})
     # Between attempts (no node) the last estimate stays: it was made for the last node.
@@ -150,7 +107,7 @@ def _plan(status: TrainingRunStatus, obs: Observed) -> Plan:
         return _ended(status, obs, outcome, current)
     if held:
         return _stopping(status, obs, outcome, current)
-    return _protect(_running(status, obs, outcome, current), obs, current)
+    return protect(_running(status, obs, outcome, current), obs, current)
 
 
 def _held(status: TrainingRunStatus, obs: Observed) -> Plan:
@@ -201,103 +158,8 @@ def _running(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current
     return Plan(new)
 
 
-def _protect(p: Plan, obs: Observed, current: str) -> Plan:
-    """The ``Protected`` condition of the running attempt (``decide.protection``). Its flip to
-    False is the Warning ``Unprotected``, once per attempt: a condition set before this
-    attempt's trainer started speaks of an earlier attempt and is replaced, not continued, so
-    its time moves and the next attempt warns again. A flip back to True is a Normal
-    ``CheckpointCommitted``. The pass comes back at the deadline, which a quiet run would
-    otherwise pass without a look."""
-    conds = p.status.conditions
-    if not obs.spec.checkpoint.unprotected_after_seconds:
-        if any(c.type == R.PROTECTED for c in conds):  # the warning was turned off
-            kept = [c for c in conds if c.type != R.PROTECTED]
-            return replace(p, status=p.status.model_copy(update={"conditions": kept}))
-        return p
-    judged = _judged(p.status, obs, current)
-    if judged is None:
-        return p
-    v, conds, old = judged
-    # Never before the trainer's start (the operator's clock may lag the node's): else the
-    # condition would look older than the attempt on the next pass.
-    at = max(obs.now, v.since)
-    conds = set_condition(conds, R.PROTECTED, v.protected, v.reason, v.message, obs.generation, at)
-    was = old.status if old else None
-    events = list(p.events)
-    if (v.protected is False and was != "False") or (v.protected is True and was == "False"):
-        events.append(Event(R.event_type(v.reason), v.reason, v.message))
-    requeue = sooner(p.requeue_after, v.recheck_after)
-    status = p.status.model_copy(update={"conditions": conds})
-    return replace(p, status=status, events=events, requeue_after=requeue)
-
-
-def _judged(
-    status: TrainingRunStatus, obs: Observed, current: str
-) -> tuple[Verdict, list[Condition], Condition | None] | None:
-    """The protection verdict of the running attempt, the conditions to set it in, and the
-    ``Protected`` condition it follows (None: none, or one of an earlier attempt, replaced)."""
-    label = _attempt_label(obs, status.attempt, current)
-    v = judge(obs.pod, status.latest_checkpoint, obs.spec.checkpoint, label, obs.now)
-    if v is None:
-        return None
-    conds = list(status.conditions)
-    old = next((c for c in conds if c.type == R.PROTECTED), None)
-    old_time = parse_instant(old.last_transition_time) if old else None
-    # The Unknown that started() set for this very attempt (its label is in the message) is
-    # this attempt's, though set before its trainer started: kept, not replaced.
-    own = old is not None and (old.status, old.reason, old.message) == (
-        "Unknown",
-        v.reason,
-        v.message,
-    )
-    if old is not None and not own and (old_time is None or old_time < v.since):
-        conds, old = [c for c in conds if c.type != R.PROTECTED], None
-    return v, conds, old
-
-
-def sooner(a: float | None, b: float | None) -> float | None:
-    """The earlier of two requeue delays (None: no requeue)."""
-    return b if a is None else a if b is None else min(a, b)
-
-
-def warns_unprotected(obs: Observed) -> bool:
-    """Whether a pass of ``obs`` is about to warn that the running attempt is unprotected (its
-    ``Protected`` condition flips to False), judged on the checkpoint the status records: the
-    reconciler then reads the bucket manifest before it plans, so a checkpoint committed since
-    its last read is not missed. Needs no plan: the pass plans once, after that read."""
-    status = obs.status
-    if status.attempt == 0 or is_finished(status) or is_held(status):
-        return False
-    if not obs.spec.checkpoint.unprotected_after_seconds:
-        return False
-    latest = _newer(obs.latest, status.latest_checkpoint)
-    status = status.model_copy(update={"latest_checkpoint": latest})
-    judged = _judged(status, obs, pod_name(obs.name, status.attempt, 0, obs.spec.replicas))
-    if judged is None:
-        return False
-    v, _, old = judged
-    return v.protected is False and (old.status if old else None) != "False"
-
-
 # Reasons of a running attempt that waits for something (a pass looks again at ``decide_at``).
 WAITING = frozenset({R.IMAGE_PULL_RETRYING, R.CONTAINER_CONFIG_RETRYING, R.GANG_SCHEDULING})
-
-
-def attempt_outcome(obs: Observed) -> Outcome:
-    """How the attempt stands: its pod's ending, or a gang's from all its pods'."""
-    gang = obs.gang
-    outcomes = [
-        classify(
-            m.pod,
-            node=m.node,
-            node_deleted=m.node_deleted,
-            notice_taints=obs.spec.preemption.notice_taints,
-            now=obs.now,
-        )
-        for m in gang
-    ]
-    start_timeout = float(obs.spec.gang.start_timeout_seconds)
-    return gang_outcome(gang, outcomes, start_timeout=start_timeout, now=obs.now)
 
 
 def _resume_step(pod: Mapping[str, Any] | None) -> int | None:
@@ -331,12 +193,6 @@ def _to_delete(obs: Observed, outcome: Outcome) -> tuple[str, ...]:
     if hold.for_hold(outcome):
         return tuple(m.name for m in obs.gang if m.pod is not None)
     return tuple(m.name for m in obs.gang if _still_running(m))
-
-
-def _attempt_label(obs: Observed, attempt: int, first: str) -> str:
-    """``attempt 3 (r-3)``, or ``attempt 3 (4 pods)`` for a gang."""
-    replicas = obs.spec.replicas
-    return f"attempt {attempt} ({first if replicas == 1 else f'{replicas} pods'})"
 
 
 def counters_of(s: TrainingRunStatus) -> Counters:
@@ -375,7 +231,7 @@ def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: 
         "message": d.message,
     }
     delete = _to_delete(obs, outcome)
-    attempt_msg = f"{_attempt_label(obs, status.attempt, current)}: {d.message}"
+    attempt_msg = f"{attempt_label(obs, status.attempt, current)}: {d.message}"
     gen, now = obs.generation, obs.now
     conds, event = condition_event(
         status.conditions, R.RUNNING, False, d.reason, attempt_msg, gen, now
@@ -418,7 +274,7 @@ def started(
     pod was created) was created or found."""
     name = (pod.get("metadata") or {}).get("name", "")
     resume = _resume_step(pod)
-    label = _attempt_label(obs, status.attempt, name)
+    label = attempt_label(obs, status.attempt, name)
     if resume is not None:
         reason, msg = R.RESUMED, f"{label} resumes from step {resume}"
     else:
@@ -428,7 +284,7 @@ def started(
     )
     limit = obs.spec.checkpoint.unprotected_after_seconds
     if limit:
-        # The attempt's own Protected, replacing the last attempt's verdict: what ``_protect``
+        # The attempt's own Protected, replacing the last attempt's verdict: what ``protect``
         # says once the trainer runs with nothing committed yet, so its start writes nothing.
         conds = [c for c in conds if c.type != R.PROTECTED]
         waiting = awaiting_message(label, limit)

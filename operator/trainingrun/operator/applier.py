@@ -30,7 +30,7 @@ from typing import Any, Protocol
 from trainingrun.api import TrainingRunStatus
 from trainingrun.contract import ANNOTATION_NOTICE
 from trainingrun.decide.naming import RunRef
-from trainingrun.decide.reconcile import Plan
+from trainingrun.decide.observed import Plan
 from trainingrun.decide.status import Event, fail
 from trainingrun.decide.storagepolicy import refusal
 from trainingrun.decide.waits import Wait

@@ -29,19 +29,15 @@ from pydantic import ValidationError
 
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.checkpoint.manifest import ManifestError
+from trainingrun.checkpoint.progress import ProgressError, ProgressRecord
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
 from trainingrun.decide.naming import RunRef, member_names, owned_by
-from trainingrun.decide.reconcile import (
-    Observed,
-    Plan,
-    attempt_outcome,
-    plan,
-    sooner,
-    warns_unprotected,
-)
+from trainingrun.decide.observed import Observed, Plan, attempt_outcome, sooner
+from trainingrun.decide.reconcile import plan
 from trainingrun.decide.status import is_finished
+from trainingrun.decide.unprotected import warns_unprotected
 from trainingrun.operator.applier import Applier, WriteApi, storage_refused
 from trainingrun.operator.buckets import Checkpoints, MissingSecret, RunStores
 from trainingrun.operator.cache import ClusterView, ObjectReader
@@ -69,6 +65,7 @@ class RunMemory:
     running: bool = False  # a pass is in flight
     dirty: bool = False  # something happened during it: run one more pass after it
     checkpoint_read_at: float = float("-inf")
+    progress_read_at: float = float("-inf")
 
 
 class Reconciler:
@@ -170,7 +167,8 @@ class Reconciler:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except (MissingSecret, StorageMisconfigured) as e:
             return self.starter.unusable_storage(run, status, e, now)
-        obs = replace(obs, latest=seen.latest)
+        record = self._progress(ref, mem, refreshed=seen.read and begun and not ended)
+        obs = replace(obs, latest=seen.latest, progress=record)
         p = plan(obs)  # the one plan of the pass
         again = self._apply(run, ref, obs, p, seen.seen)
         self.queues.create(run, queued)  # the run's missing Workload
@@ -270,6 +268,22 @@ class Reconciler:
             return Checkpoints()
         mem.checkpoint_read_at = self._monotonic()
         return seen
+
+    def _progress(self, ref: RunRef, mem: RunMemory, refreshed: bool) -> ProgressRecord | None:
+        """The running attempt's progress record, read along with a manifest refresh
+        (``refreshed``) at most once per ``progress_refresh_seconds``: its reads are never more
+        than the periodic passes' (``resync_rate``), whatever the number of runs. None when not
+        read (the status keeps what it shows) or unreadable (display only: logged, no more)."""
+        since = self._monotonic() - mem.progress_read_at
+        if not refreshed or since < self.settings.progress_refresh_seconds:
+            return None
+        mem.progress_read_at = self._monotonic()
+        try:
+            return self.stores.read_progress(ref)
+        except (MissingSecret, StorageError, ProgressError) as e:
+            why = log_text(e) if isinstance(e, StorageError) else str(e)
+            log.info("%s/%s: no progress shown: %s", ref.namespace, ref.name, why)
+            return None
 
 
 def ended(

@@ -20,8 +20,9 @@ from trainingrun.checkpoint.manifest import Layout, ManifestError, RunManifest
 from trainingrun.checkpoint.protocol import StaleAttempt
 from trainingrun.decide import reasons as R
 from trainingrun.decide.naming import RunRef, gang_name_problem
+from trainingrun.decide.observed import Observed, Plan
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
-from trainingrun.decide.reconcile import Observed, Plan, started
+from trainingrun.decide.reconcile import started
 from trainingrun.decide.status import Event
 from trainingrun.decide.waits import MIN_RETRY_SECONDS, Wait, secret_wait, wait, wait_over
 from trainingrun.operator.applier import Applier
