@@ -82,8 +82,12 @@ cluster-down: venv ## Stop every process of the local environment and remove its
 cluster-status: venv ## Show the local environment (nodes, namespaces, S3 endpoint)
 	$(BIN)/python -m tests.localenv status
 
-demo: cluster ## The main job: a real TrainingRun preempted once, resumed from its checkpoint, finished
-	$(BIN)/python -m tests.demo
+# The demo's node: podrunner (local processes from this clone, nothing to build) or real (a kubelet
+# and containerd run the images make images built: 6 GB, about 25 minutes more the first time).
+NODE ?= podrunner
+demo: IMAGES = agent finetune
+demo: venv tools $(if $(filter real,$(NODE)),node-tools images) ## The main job: a real TrainingRun preempted once, resumed from its checkpoint, finished (NODE=real: on a real kubelet)
+	$(BIN)/python -m tests.demo --node $(NODE)
 
 podtemplate-schema: venv tools ## Regenerate the pod template's schema from the Kubernetes release hack/k8s/go.mod builds (then make crds)
 	$(BIN)/python hack/podtemplate_schema.py

@@ -56,7 +56,40 @@ start() {
   echo $! > "$state/$what.pid"
 }
 
+# import REF: from buildah's storage into containerd's k8s.io namespace (the CRI's), unless the
+# image of that buildah image ID is there already (a marker per reference beside the store).
+markers="$(dirname "$store")/imported"
+mkdir -p "$markers"
+import() {
+  local ref=$1 id marker archive="$state/import.tar"
+  id=$(buildah images --noheading --no-trunc --format '{{.ID}}' "$ref" | head -1)
+  [ -n "$id" ] || { echo "image $ref is not in buildah's storage: make images" >&2; return 1; }
+  marker="$markers/$(tr '/:' '__' <<< "$ref")"
+  if [ "$(cat "$marker" 2>/dev/null)" = "$id" ] && [ -n "$("${ctr[@]}" images ls -q "name==$ref")" ]; then
+    id=${id#sha256:}; echo "image $ref already imported (${id:0:12})" >&2
+    return 0
+  fi
+  local start_s
+  start_s=$(date +%s)
+  rm -f "$archive" "$marker"
+  buildah push --quiet "$ref" "docker-archive:$archive:$ref"
+  "${ctr[@]}" images import "$archive" >/dev/null
+  rm -f "$archive"
+  echo "$id" > "$marker"
+  echo "imported $ref in $(( $(date +%s) - start_s ))s" >&2
+}
+
+up_already=0
 if [ -f "$state/kubelet.pid" ] && kill -0 "$(cat "$state/kubelet.pid")" 2>/dev/null; then
+  up_already=1
+fi
+if [ "$up_already" = 1 ]; then
+  # Up already: only the images, each imported again when its buildah image ID changed, and the
+  # sandbox image (the kubelet deletes it under disk pressure).
+  "${ctr[@]}" images import "$(dirname "$(readlink -f "$bin/pause.tar")")/pause.tar" >/dev/null
+  for image in "$@"; do
+    import "$image"
+  done
   echo "node $name is up already ($state)" >&2
   exit 0
 fi
@@ -116,28 +149,6 @@ for c in $("${ctr[@]}" containers ls -q 2>/dev/null); do
   "${ctr[@]}" containers delete "$c" >/dev/null 2>&1 && echo "removed stale container $c" >&2
 done
 
-# import REF: from buildah's storage into containerd's k8s.io namespace (the CRI's), unless the
-# image of that buildah image ID is there already (a marker per reference beside the store).
-markers="$store/../imported"
-mkdir -p "$markers"
-import() {
-  local ref=$1 id marker archive="$state/import.tar"
-  id=$(buildah images --noheading --no-trunc --format '{{.ID}}' "$ref" | head -1)
-  [ -n "$id" ] || { echo "image $ref is not in buildah's storage: make images" >&2; return 1; }
-  marker="$markers/$(tr '/:' '__' <<< "$ref")"
-  if [ "$(cat "$marker" 2>/dev/null)" = "$id" ] && [ -n "$("${ctr[@]}" images ls -q "name==$ref")" ]; then
-    id=${id#sha256:}; echo "image $ref already imported (${id:0:12})" >&2
-    return 0
-  fi
-  local start_s
-  start_s=$(date +%s)
-  rm -f "$archive" "$marker"
-  buildah push --quiet "$ref" "docker-archive:$archive:$ref"
-  "${ctr[@]}" images import "$archive" >/dev/null
-  rm -f "$archive"
-  echo "$id" > "$marker"
-  echo "imported $ref in $(( $(date +%s) - start_s ))s" >&2
-}
 "${ctr[@]}" images import "$(dirname "$(readlink -f "$bin/pause.tar")")/pause.tar" >/dev/null
 for image in "$@"; do
   import "$image"

@@ -1,20 +1,32 @@
 """The main job on the local environment: a real fine-tuning run, applied with kubectl, kept alive
 by the operator through a preemption, and finished.
 
-    make demo        (python -m tests.demo)
+    make demo                  (python -m tests.demo --node podrunner)
+    make demo NODE=real        (python -m tests.demo --node real)
 
-Brings up the environment (control plane, SeaweedFS), installs the CRD, starts the operator and a
-local pod runner node (so the attempt's pod runs as real processes: the restore init container,
-the sync sidecar and the trainer, ``examples/finetune.py``, a tiny GPT-2 trained with the
-HuggingFace Trainer on CPU), and applies ``examples/trainingrun-finetune.yaml`` pointed at the
-local bucket. Once a checkpoint is committed to the bucket manifest it evicts the pod through the
-Eviction API, as a spot reclaim does, and shows ``kubectl get trainingruns`` as the run resumes
-from that checkpoint and succeeds. The environment stays up afterwards; ``make cluster-down``
-removes it.
+Brings up the environment (control plane, SeaweedFS), installs the CRD, starts the operator, and
+applies ``examples/trainingrun-finetune.yaml`` pointed at the local bucket, on one of two nodes:
+
+- ``real``: the environment's real node (tests/localnode.py: a kubelet, containerd
+  and runc). The pod runs the images ``make images`` built: the example trainer image
+  (``examples/finetune.py``, a tiny GPT-2 trained with the HuggingFace Trainer on CPU) and the
+  agent image for the restore init container and the sync sidecar (a native sidecar, ordered and
+  stopped by the kubelet). Its S3 endpoint is the node's bridge gateway.
+- ``podrunner`` (the default): a local pod runner node (tests/podrunner), which runs each
+  container's command as a local process from this clone and ignores the images: nothing to
+  build. The real node's first run builds and imports 6 GB of images (about 25 minutes more on
+  2 cores; docs/dev/real-node-notes.md), over a new user's 20-minute budget.
+
+Once a checkpoint is committed to the bucket manifest it evicts the pod through the Eviction API,
+as a spot reclaim does: the node's kubelet delivers SIGTERM, the trainer saves at its next step
+end and exits 143, the sidecar commits that save, and ``kubectl get trainingruns`` shows the run
+resume from it and succeed. The environment stays up afterwards; ``make cluster-down`` removes it
+(the real node with it).
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -26,15 +38,24 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
-from tests import localenv
+from tests import localenv, localnode
 from tests.integration.support import Runs, credentials_secret, wait_for
 from tests.podrunner import RunnerHandle, placement, running_runner, start_runner
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "trainingrun-finetune.yaml"
 NAMESPACE = "demo"
-NODE = "demo-runner"
+NODE = "demo-runner"  # the pod runner node of --node podrunner
+# The agent image the operator injects on the real node (make images), never pulled.
+AGENT_IMAGE = "ghcr.io/trainingrun/agent:dev"
 MAX_STEPS, SAVE_STEPS, STEP_DELAY = 60, 10, 0.25
+# The real node's trainer takes 0.03 s a step (the pod runner's, 0.1-0.3 s, on a loaded machine):
+# the example's own 0.5 s leaves room to evict the pod after checkpoint 20 and before the end.
+REAL_STEP_DELAY = 0.5
+# The trainer's user on the real node: the example image has no USER (root), and transformers
+# writes model.safetensors 0600, which the agents (the agent image's uid 65532) cannot read. A
+# runAsUser in the template makes the agents run as the trainer does.
+TRAINER_UID = 1000
 # The preemption comes once this checkpoint is committed: the resume has something to start from.
 PREEMPT_AFTER_STEP = 20
 # The manifest as applied, kept in the environment's folder ($TRAININGRUN_ENV_DIR) to start more
@@ -63,28 +84,35 @@ def committed_steps(s3: Any, bucket: str, run_key: str) -> list[int]:
     return sorted(e["step"] for e in json.loads(body)["entries"])
 
 
-def demo_run(env: localenv.LocalEnv, prefix: str) -> dict[str, Any]:
-    """The example manifest, pointed at the local bucket and the pod runner node; the pod
-    runner ignores images and runs each container's command as a local process."""
+def demo_run(env: localenv.LocalEnv, prefix: str, node: str) -> dict[str, Any]:
+    """The example manifest, pointed at the local bucket and ``node``: on the real node with its
+    image as it is (never pulled) and S3 at the node's gateway; on the pod runner, which ignores
+    images and runs each container's command as a local process, from this clone."""
     run: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     run["metadata"]["name"] = "finetune-demo"
+    real = node == "real"
     run["spec"]["checkpoint"]["storage"] = {
         "uri": f"s3://{env.bucket}/{prefix}",
-        "endpoint": env.s3_endpoint,
+        "endpoint": env.node_s3_endpoint if real else env.s3_endpoint,
         "region": env.s3_region,
         "credentialsSecret": "s3-credentials",
     }
     pod_spec = run["spec"]["template"]["spec"]
-    pod_spec.update(placement(NODE))
+    pod_spec.update(localnode.placement() if real else placement(NODE))
     trainer = pod_spec["containers"][0]
-    trainer["workingDir"] = str(REPO)
     trainer["args"] = [
         f"--max-steps={MAX_STEPS}",
         f"--save-steps={SAVE_STEPS}",
-        f"--step-delay={STEP_DELAY}",
+        f"--step-delay={REAL_STEP_DELAY if real else STEP_DELAY}",
     ]
     trainer["env"] = []
-    trainer["resources"] = {}
+    if real:
+        trainer["imagePullPolicy"] = "Never"
+        trainer["securityContext"] = {"runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID}
+        trainer["env"] = [{"name": "HOME", "value": "/tmp"}]  # caches of torch and transformers
+    else:
+        trainer["workingDir"] = str(REPO)
+        trainer["resources"] = {}
     return run
 
 
@@ -112,18 +140,54 @@ def user_command(env: localenv.LocalEnv, *args: str) -> None:
     print((out.stdout + out.stderr).rstrip(), flush=True)
 
 
-def main() -> int:
+def trainer_ending(core: client.CoreV1Api, pod: str, timeout_s: float = 120) -> str | None:
+    """How the trainer container of ``pod`` ended (exit code and reason) as its kubelet reports
+    it, polled until the pod is gone or ``timeout_s``; None when it was never seen ended."""
+    deadline = time.monotonic() + timeout_s
+    seen = None
+    while time.monotonic() < deadline:
+        try:
+            status = core.read_namespaced_pod(pod, NAMESPACE).status
+        except client.ApiException as e:
+            if e.status == 404:
+                break
+            raise
+        for c in status.container_statuses or []:
+            if c.name == "trainer" and c.state.terminated:
+                t = c.state.terminated
+                seen = f"exit code {t.exit_code} ({t.reason})"
+        if seen and status.phase in ("Failed", "Succeeded"):
+            break
+        time.sleep(0.5)
+    return seen
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__)
+    parser.add_argument("--node", choices=["real", "podrunner"], default="podrunner")
+    node = parser.parse_args(argv).node
     started = time.monotonic()
+    if node == "real":
+        os.environ[localnode.WANTED_ENV] = "1"
     env = localenv.up()
     env.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "trainingrun.yaml"))
     env.wait_established("trainingruns.trainingrun.dev")
-    localenv.start_operator(env)
-    ensure_runner(env)
+    if node == "real":
+        localenv.start_operator(
+            env,
+            {"TRAININGRUN_AGENT_IMAGE": AGENT_IMAGE, "TRAININGRUN_AGENT_PULL_POLICY": "Never"},
+        )
+        where = f"real node {env.real_node}, images {AGENT_IMAGE} and the example's"
+    else:
+        localenv.start_operator(env)
+        ensure_runner(env)
+        where = f"pod runner node {NODE}"
+    print(f"environment up after {time.monotonic() - started:.0f} s ({where})", flush=True)
     api_client = config.new_client_from_config(config_file=env.kubeconfig)
     core = client.CoreV1Api(api_client)
 
     env.kubectl("create", "namespace", NAMESPACE, check=False)
-    run = demo_run(env, f"demo-{int(time.time())}")
+    run = demo_run(env, f"demo-{int(time.time())}", node)
     name = run["metadata"]["name"]
     env.kubectl("delete", "trainingrun", name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true")
     secret = credentials_secret(env, "s3-credentials")
@@ -140,7 +204,7 @@ def main() -> int:
     )
     print(
         f"$ kubectl apply -n {NAMESPACE} -f {EXAMPLE.relative_to(REPO)}   "
-        f"(storage: local SeaweedFS {run['spec']['checkpoint']['storage']['uri']}, node {NODE})",
+        f"(storage: local SeaweedFS {run['spec']['checkpoint']['storage']['uri']}; {where})",
         flush=True,
     )
     manifest = yaml.safe_dump(run, sort_keys=False)
@@ -151,8 +215,11 @@ def main() -> int:
 
     runs = Runs(api_client, NAMESPACE)
     runs.wait_status(name, lambda s: s.get("activePod") == f"{name}-1", 60, "attempt 1")
-    runs.wait_pod_running(f"{name}-1", timeout_s=120)
-    say(f"attempt 1 runs: pod {name}-1 with its restore, sync and trainer containers")
+    runs.wait_pod_running(f"{name}-1", timeout_s=180)
+    say(
+        f"attempt 1 runs: pod {name}-1 with its restore, sync and trainer containers "
+        f"({time.monotonic() - started:.0f} s in)"
+    )
     show_runs(env)
 
     s3 = localenv.s3_client(env)
@@ -172,6 +239,8 @@ def main() -> int:
         NAMESPACE,
         client.V1Eviction(metadata=client.V1ObjectMeta(name=f"{name}-1", namespace=NAMESPACE)),
     )
+    ending = trainer_ending(core, f"{name}-1")
+    print(f"the trainer of {name}-1 ended: {ending or 'not seen'}", flush=True)
     status = runs.wait_status(name, lambda s: s.get("activePod") == f"{name}-2", 180, "attempt 2")
     resume = status.get("resumeStep")
     say(

@@ -694,6 +694,7 @@ def ensure_real_node(env: LocalEnv) -> LocalEnv:
     """Starts the real node (tests/localnode.py) in ``env`` unless it runs there already; returns
     ``env`` with the node recorded in its state file."""
     if env.real_node and localnode.running() and localnode.owner() == env.name:
+        localnode.start(env.name, env.kubeconfig, [])  # up: imports the images that changed
         return env
     args = _apiserver_args(env.name)
     if not any(a.startswith("--kubelet-client-certificate=") for a in args):
@@ -718,22 +719,30 @@ def ensure_real_node(env: LocalEnv) -> LocalEnv:
     return env
 
 
-def start_operator(env: LocalEnv) -> int:
+def start_operator(env: LocalEnv, settings: dict[str, str] | None = None) -> int:
     """Starts ``trainingrun operator`` against the environment in the background (once); its
-    log is operator.log in the state folder. Returns its pid."""
+    log is operator.log in the state folder. ``settings``: its TRAININGRUN_* variables (the real
+    node's agent image); one running with other settings is restarted. Returns its pid."""
     sdir = state_dir(env.name)
     pid_file = sdir / "operator.pid"
+    settings_file = sdir / "operator-settings.json"
+    wanted = json.dumps(settings or {}, sort_keys=True)
     if pid_file.exists() and _pid_alive(int(pid_file.read_text() or 0)):
-        return int(pid_file.read_text())
+        had = settings_file.read_text() if settings_file.exists() else json.dumps({})
+        if had == wanted:
+            return int(pid_file.read_text())
+        stop_operator(env)
     log = (sdir / "operator.log").open("ab")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainingrun.cli", "operator"],
-        env={**os.environ, "KUBECONFIG": env.kubeconfig},
+        # The console script: trainingrun.cli is a package with no __main__.
+        [str(Path(sys.executable).parent / "trainingrun"), "operator"],
+        env={**os.environ, **(settings or {}), "KUBECONFIG": env.kubeconfig},
         stdout=log,
         stderr=subprocess.STDOUT,
         start_new_session=True,
     )
     pid_file.write_text(str(proc.pid))
+    settings_file.write_text(wanted)
     _log(f"operator started (pid {proc.pid}, log {sdir / 'operator.log'})")
     return proc.pid
 
