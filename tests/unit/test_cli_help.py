@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import re
+import subprocess
 import sys
 
 import pytest
@@ -145,3 +146,16 @@ def test_the_options_parse_as_before(
     args = build_parser("trainingrun", handlers).parse_args(argv)
     assert {key: getattr(args, key) for key in parsed} == parsed
     assert args.func is _chosen, "the subcommand's own function runs"
+
+
+def test_python_dash_m_runs_the_command() -> None:
+    """``python -m trainingrun.cli`` (how the tests start the operator) is the command."""
+    done = subprocess.run(
+        [sys.executable, "-m", "trainingrun.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("trainingrun "), done.stdout

@@ -358,7 +358,3 @@ def kubectl_plugin() -> int:
     """``kubectl trainingrun ...``: kubectl runs ``kubectl-trainingrun`` from PATH. The same
     commands and help, with the examples as the user types them."""
     return main(sys.argv[1:], prog="kubectl trainingrun")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
