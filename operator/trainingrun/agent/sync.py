@@ -19,7 +19,7 @@ finish, and exits 0; also when SIGTERM comes during its start-up (``trainingrun.
 After ``access_denied_seconds`` of nothing but access denied (credentials rotated or revoked) it
 exits 1 with a termination message, so that the kubelet restarts it with the Secret read again.
 On an endpoint that honours If-None-Match but ignores If-Match it commits nothing and exits 1
-with a termination message (``syncsupport.check_conditions``).
+with a termination message (``sidecar.check_conditions``).
 A preemption notice in the pod's annotations (downward API file) becomes a "save now" request to
 the trainer integration. Faults (endpoint down, a file that changed) are
 retried with jittered backoff; nothing unverified is ever committed. The sidecar's Prometheus

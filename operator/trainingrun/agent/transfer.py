@@ -342,7 +342,7 @@ class Transfer:
             self.throttle.take(length)
             self._check()
             # Every Store.upload_part takes a seekable stream of the part's length as well as
-            # bytes (storebase.Store).
+            # bytes (storage.base.Store).
             body = cast(bytes, PartReader(u.fd, offset, length))
             entry = self.store.upload_part(u.key, u.upload_id, number, body, u.algo, encoded)
         u.progress.add(length)

@@ -117,7 +117,7 @@ def read_committed(store: Store, run: Location, entry: ManifestEntry) -> Committ
 # and room to spare) before its listing is given up: an endpoint can list without end.
 LISTING_MARGIN = 64
 # How long a choice of checkpoint may go on reading. Each call is bounded by the store's own
-# budget (the operator's: storebase.OPERATOR_BUDGET); this bounds their sum, which an endpoint
+# budget (the operator's: storage.base.OPERATOR_BUDGET); this bounds their sum, which an endpoint
 # that answers each call just in time would otherwise make hours (a part read and a listing
 # per rank, 1024 ranks, each of the tried checkpoints).
 CHOOSE_SECONDS = 120.0

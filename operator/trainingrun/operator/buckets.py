@@ -5,7 +5,7 @@ The operator writes one thing to the bucket: the fence in ``manifest.json``, tak
 attempt before its pod exists (``take_fence``); the sync sidecars write the rest.
 
 A few workers serve every tenant's runs, so no endpoint and no namespace may hold them: the
-operator's clients have a short budget (``storebase.OPERATOR_BUDGET``, a wall-clock deadline per
+operator's clients have a short budget (``storage.base.OPERATOR_BUDGET``, a wall-clock deadline per
 call), at most ``max_in_flight`` calls go to one custom endpoint at a time, counted by the address
 it resolves to, and at most ``max_per_namespace`` from one namespace
 (``trainingrun.operator.slots``: one
@@ -75,7 +75,7 @@ StoreKey = tuple[str | None, str | None, str, str]
 
 def open_operator_store(storage: StorageSpec, credentials: SecretValues | None) -> Store:
     """``storage.open_store`` with the operator's short budget: a call gives up within the
-    deadline of ``storebase.OPERATOR_BUDGET``."""
+    deadline of ``storage.base.OPERATOR_BUDGET``."""
     return open_store(storage, credentials, OPERATOR_BUDGET)
 
 

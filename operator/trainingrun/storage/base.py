@@ -1,7 +1,7 @@
 """What every object store gives the commit protocol, the transfer and the agents: the ``Store``
 interface, the errors it raises, where a run lives (``Location``) and how long a call may take
-(``CallBudget``). The stores themselves: ``s3store`` (boto3), ``gcsstore``
-(google-cloud-storage) and ``azurestore`` (azure-storage-blob); ``storage.open_store`` picks one
+(``CallBudget``). The stores themselves: ``s3.store`` (boto3), ``gcs.store``
+(google-cloud-storage) and ``azure.store`` (azure-storage-blob); ``storage.open_store`` picks one
 by the uri's scheme.
 
 Every store decides in one place what its service's answers mean:
@@ -182,7 +182,7 @@ class CallBudget:
     plus jittered backoff between them. The read timeout bounds each wait for bytes, not a
     call: an endpoint sending a byte a second never trips it. ``call_deadline``, where set,
     bounds the call itself by the wall clock, every attempt and page of a listing included
-    (``calldeadline``); None: the timeouts only."""
+    (``storage.deadline``); None: the timeouts only."""
 
     attempts: int
     connect_timeout: float

@@ -1,6 +1,6 @@
 """A wall-clock deadline for each call of a store whose ``CallBudget`` has a ``call_deadline``
 (the operator's): however slowly an endpoint sends its status line, headers, body or the pages
-of a listing, the call ends by then with ``storebase.CallTimedOut``.
+of a listing, the call ends by then with ``storage.base.CallTimedOut``.
 
 The clients' own timeouts bound each wait for bytes, not a call, so the deadline is kept at the
 socket: a store method runs ``within`` its call's ``Deadline`` (a thread-local, as each SDK

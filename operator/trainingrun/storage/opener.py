@@ -1,6 +1,6 @@
 """Opening a run's store: the uri's scheme picks it (``s3://`` boto3, ``gs://``
 google-cloud-storage, ``az://`` azure-storage-blob), with the run's endpoint, region and
-credentials. The interface every store gives and the errors it raises are ``storebase``'s,
+credentials. The interface every store gives and the errors it raises are ``storage.base``'s,
 re-exported here so callers import one module.
 """
 
@@ -106,7 +106,7 @@ def secret_credentials(
 ) -> SecretValues:
     """The keys the ``scheme``'s store reads, from the decoded data of the Secret named by
     credentialsSecret; empty values count as absent. A gs:// key file must be one the store
-    takes (``gcskey``: Google's token_uri, bounded size and fields). Raises
+    takes (``gcs.key``: Google's token_uri, bounded size and fields). Raises
     CredentialsSecretError naming the key or field at fault, never a value."""
     keys, all_needed = STORE_CREDENTIAL_KEYS[scheme]
     wanted = " and ".join(keys) if all_needed else " or ".join(keys)

@@ -1,7 +1,7 @@
 """How the Azure Blob Storage client of a store is made: its credential (the Secret's account
 key or SAS, else the Azure identity chain), its retry policy within the ``CallBudget``, and its
 HTTP session, whose connections keep to the calls' deadlines when the budget has one
-(``calldeadline``).
+(``storage.deadline``).
 """
 
 from __future__ import annotations

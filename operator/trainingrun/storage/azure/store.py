@@ -150,7 +150,7 @@ def open_azure(
 
 
 class AzureStore(ServiceChecksBodies, Bounded):
-    """Blob calls of one container (``storebase.Store`` says what each does), one HTTP pool."""
+    """Blob calls of one container (``storage.base.Store`` says what each does), one HTTP pool."""
 
     scheme = "az"
 

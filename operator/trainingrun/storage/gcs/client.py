@@ -1,7 +1,7 @@
 """How the Cloud Storage client of a store is made: its credentials (the Secret's service-account
-key, checked by ``gcskey``; anonymous on a custom endpoint without one; else the pod's own
+key, checked by ``gcs.key``; anonymous on a custom endpoint without one; else the pod's own
 identity, google.auth.default: GKE Workload Identity), its endpoint and its HTTP pool, whose
-connections keep to the calls' deadlines when the budget has one (``calldeadline``).
+connections keep to the calls' deadlines when the budget has one (``storage.deadline``).
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ def _client(credentials: Any, project: str | None, endpoint: str, pool: int, bou
 
 def key_credentials(secret: Mapping[str, str]) -> Any:
     """The credentials of the Secret's key file. Raises StorageMisconfigured naming the key
-    (never its value) when the file is refused (``gcskey``) or holds no usable key."""
+    (never its value) when the file is refused (``gcs.key``) or holds no usable key."""
     try:
         info = key_info(secret[KEY])
         return service_account.Credentials.from_service_account_info(info)  # type: ignore[no-untyped-call]

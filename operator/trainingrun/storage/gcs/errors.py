@@ -1,5 +1,5 @@
 """What the errors of google-cloud-storage mean for a Cloud Storage bucket, decided in one place
-(``storebase`` lists the errors every store raises). The service's own words go to an error's
+(``storage.base`` lists the errors every store raises). The service's own words go to an error's
 ``detail`` (the log's), without the request's URL: a resumable upload's session URL is a
 credential of its own. A message shows neither.
 """
@@ -46,7 +46,7 @@ def _message(text: str) -> str:
 def translate(
     err: Exception, where: str, bucket: str, bucket_missing: Callable[[], bool]
 ) -> StorageError:
-    """What an error of the library means (storebase's list). ``where`` is the gs:// name; a 404
+    """What an error of the library means (storage.base's list). ``where`` is the gs:// name; a 404
     whose message does not say whether the bucket or the object is missing (the emulator's)
     asks ``bucket_missing``. The service's own text goes to the error's detail, without the
     request's URL; the message carries neither it nor a credential."""

@@ -11,9 +11,9 @@
   ``list_multipart`` finds them by name; ``list_objects`` leaves them out, as S3 lists no parts.
 - Retries: google.api_core's, within the ``CallBudget``'s deadline; a plain ``put`` only with a
   generation condition (a blind retry could overwrite a newer version), the rest always. With a
-  ``call_deadline``, each call, a listing's pages included, ends by it (``calldeadline``).
-- What the library's errors mean: ``gcserrors.translate``. The client, its credentials and its
-  HTTP pool: ``gcsclient``.
+  ``call_deadline``, each call, a listing's pages included, ends by it (``storage.deadline``).
+- What the library's errors mean: ``gcs.errors.translate``. The client, its credentials and its
+  HTTP pool: ``gcs.client``.
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _stream(data: Any) -> tuple[Any, int]:
 
 
 class GcsStore(sb.ServiceChecksBodies, Bounded):
-    """The calls of one GCS bucket (storebase.Store). The client is made at the first call, so
+    """The calls of one GCS bucket (storage.base.Store). The client is made at the first call, so
     that finding no credentials is an error of a call (StorageAccessDenied), as elsewhere."""
 
     scheme = "gs"
@@ -376,7 +376,7 @@ def open_gcs(
     budget: CallBudget,
     pool: int = 16,
 ) -> GcsStore:
-    """The store of ``location``'s bucket (``gcsclient`` makes its client). Raises
+    """The store of ``location``'s bucket (``gcs.client`` makes its client). Raises
     StorageMisconfigured when the Secret's key file is refused or holds no key."""
     url, connect = connector(endpoint, secret, budget, pool)
     return GcsStore(connect, location.bucket, budget, url)

@@ -1,4 +1,4 @@
-"""What the answers and errors of an S3 endpoint mean, decided in one place (``storebase``
+"""What the answers and errors of an S3 endpoint mean, decided in one place (``storage.base``
 lists the errors every store raises):
 
 - 404 / NoSuchKey: ``KeyNotFound`` (``None`` from the reads); NoSuchBucket: ``BucketNotFound``.

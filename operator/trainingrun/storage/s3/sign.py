@@ -59,7 +59,7 @@ def unchecked_body(operation: str, request: Any) -> bool:
 
 
 def _sign_when(client: Any, wanted: Callable[[str, Any], bool]) -> None:
-    """Each request of ``client`` (made by ``s3store.make_client``) for which
+    """Each request of ``client`` (made by ``s3.store.make_client``) for which
     ``wanted(operation, request)`` holds signs its body's SHA-256 too (AWS S3 checks it against
     the body; SeaweedFS does not, docs/storage-s3.md)."""
     config = client.meta.config
@@ -75,7 +75,7 @@ def _sign_when(client: Any, wanted: Callable[[str, Any], bool]) -> None:
 
 
 def sign_unchecked_bodies(client: Any) -> None:
-    """Every body without a checksum of its own is signed (``s3store.make_client`` does this)."""
+    """Every body without a checksum of its own is signed (``s3.store.make_client`` does this)."""
     _sign_when(client, unchecked_body)
 
 

@@ -1,8 +1,8 @@
 """The S3 store (boto3): AWS S3 and the S3-compatible stores (MinIO, Ceph, SeaweedFS, GCS
-interoperability). ``s3errors.translate`` decides in one place what 404, 412, 429 and 5xx mean;
+interoperability). ``s3.errors.translate`` decides in one place what 404, 412, 429 and 5xx mean;
 429, 5xx, timeouts and connection errors are retried by botocore with jittered backoff within
 the client's ``CallBudget`` first. With a ``call_deadline``, each call, a listing's pages
-included, ends by it (``calldeadline``).
+included, ends by it (``storage.deadline``).
 """
 
 from __future__ import annotations
@@ -170,8 +170,8 @@ def _unfinished_uploads(client: Any, bucket: str, prefix: str) -> list[tuple[str
 
 
 class S3Store(Bounded):
-    """S3 calls for one bucket (``storebase.Store`` says what each one does); each within
-    ``call_deadline`` seconds when that is set (``calldeadline``)."""
+    """S3 calls for one bucket (``storage.base.Store`` says what each one does); each within
+    ``call_deadline`` seconds when that is set (``storage.deadline``)."""
 
     scheme = "s3"
 
