@@ -425,7 +425,10 @@ def test_printer_columns() -> None:
         "Restarts",
         "Preemptions",
         "Checkpoint",
+        "Progress",
+        "ETA",
         "Age",
+        "Step",
         "Replicas",
         "Format",
         "Reason",
@@ -433,6 +436,7 @@ def test_printer_columns() -> None:
     ]
     priorities = {c["name"]: c.get("priority", 0) for c in columns}
     assert {name for name, p in priorities.items() if p == 1} == {
+        "Step",
         "Replicas",
         "Format",
         "Reason",

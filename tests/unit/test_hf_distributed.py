@@ -190,7 +190,8 @@ def test_one_rank_asked_both_save_and_stop_at_the_same_step(
     node1 = {p.name for p in (tmp_path / "node1" / "checkpoint-7").iterdir()}
     assert node1 == {"rng_state_1.pth", local.COMPLETE_MARKER}
     # Progress from world process zero only.
-    assert local.read_progress(tmp_path / "node0") == local.Progress(7, MAX_STEPS)
+    progress = local.read_progress(tmp_path / "node0")
+    assert progress is not None and (progress.step, progress.max_steps) == (7, MAX_STEPS)
     assert local.read_progress(tmp_path / "node1") is None
 
 

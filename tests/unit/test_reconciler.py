@@ -29,7 +29,10 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
   keeps failing: over 45 s the pods stay few and the run ends as a crash loop;
 - the unprotected-run warning: the pass comes back at the deadline, reads the bucket manifest
   then even when the last refresh is recent (a commit since it protects, no warning), and warns
-  once; ``status.latestCheckpoint.format`` is the format of the manifest entry (hf without one).
+  once; ``status.latestCheckpoint.format`` is the format of the manifest entry (hf without one);
+- the trainer's progress (``status.progress``): the sidecar's record read with a manifest
+  refresh, at most once a minute, while an attempt runs; the status written for it no more
+  often; a garbage record changes nothing; the ETA goes when the attempt ends.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ from prometheus_client import CollectorRegistry
 from tests.unit.builders import NAMESPACE, T0, PodBuilder, make_node, make_pod, make_run
 from tests.unit.fakes import Clock, FakeBucket, FakeKube
 from trainingrun.checkpoint.manifest import RUN_MANIFEST, Layout
+from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, encode
 from trainingrun.contract import (
     ANNOTATION_NOTICE,
     ANNOTATION_RESUME_STEP,
@@ -900,3 +904,50 @@ def test_a_room_writing_past_the_applier_fails_the_pass() -> None:
 
     with pytest.raises(AssertionError, match=r"trainingrun\.operator\.launch called create_pod"):
         w.reconcile()
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+
+def publish(w: World, step: int, attempt: int = 1, data: bytes | None = None) -> None:
+    """Rank 0's sidecar publishes its trainer at ``step`` of 1000, at 1 step/s since step 0."""
+    t = w.clock.now().timestamp()
+    record = ProgressRecord(step, attempt, 0, t - step, t, total_steps=1000)
+    w.bucket.put(w.location.key(PROGRESS_RECORD), data or encode(record))
+
+
+def test_progress_is_read_with_a_refresh_at_most_once_a_minute() -> None:
+    w = World()
+    refresh = OperatorSettings().checkpoint_refresh_seconds
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    key = w.location.key(PROGRESS_RECORD)
+    publish(w, 600)
+    w.clock.advance(refresh)
+    w.reconcile()
+    progress = w.status()["progress"]
+    assert (progress["step"], progress["summary"], progress["etaSeconds"]) == (600, "60%", 400)
+    assert progress["eta"] == "6m25s"  # 400 s from the record, 15 s before the status write
+    assert w.bucket.gets.count(key) == 1
+
+    written = status_writes(w)
+    publish(w, 630)
+    for _ in range(3):  # refreshes every 15 s: the record is not read again within the minute
+        w.clock.advance(refresh)
+        w.reconcile()
+    assert (w.bucket.gets.count(key), w.status()["progress"]["step"], written) == (1, 600, [])
+    w.clock.advance(refresh)
+    w.reconcile()
+    assert (w.bucket.gets.count(key), w.status()["progress"]["step"]) == (2, 630)
+    assert len(written) == 1
+
+    publish(w, 0, data=b"\x00" * 100_000)  # garbage: the display stays as it was
+    w.clock.advance(60)
+    w.reconcile()
+    assert (w.bucket.gets.count(key), w.status()["progress"]["step"]) == (3, 630)
+
+    w.report(PodBuilder.of(w.pod("r1-1")).on_node().trainer_exited(1))  # fails: backoff
+    w.reconcile()
+    progress = w.status()["progress"]
+    assert (w.status()["phase"], progress["step"], progress.get("eta")) == ("Backoff", 630, None)

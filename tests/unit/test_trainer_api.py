@@ -143,6 +143,19 @@ def test_mark_complete_of_a_missing_path_is_an_error(checkpoint_dir: Path) -> No
 def test_report_progress_is_what_the_sidecar_reads(checkpoint_dir: Path) -> None:
     trainer.report_progress(7, 40)
     assert local.read_progress(checkpoint_dir) == local.Progress(7, 40)
+    trainer.report_progress(8, None, samples_per_second=12.5, tokens_per_second=3e4)
+    assert local.read_progress(checkpoint_dir) == local.Progress(8, None, 12.5, 3e4)
+
+
+def test_throughput_is_the_rate_since_the_first_count() -> None:
+    now = [100.0]
+    rate = trainer.Throughput(clock=lambda: now[0])
+    assert rate.rate(640) is None  # the first count: no rate yet
+    now[0] += 10
+    assert rate.rate(1280) == 64.0
+    now[0] += 10
+    assert rate.rate(2560) == 96.0  # since the first count, not the last step
+    assert rate.rate(0) is None  # a count going back starts again
 
 
 def test_stop_request_sees_sigterm_and_puts_the_old_handler_back(checkpoint_dir: Path) -> None:

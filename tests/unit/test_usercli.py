@@ -241,3 +241,35 @@ def test_status_lists_each_pod_of_the_attempt(pod: dict[str, Any], row: list[str
 )
 def test_status_shows_whether_a_save_fits(est: dict[str, Any], line: str) -> None:
     assert usercli.save_line(est) == line
+
+
+@pytest.mark.parametrize(
+    "progress,line",
+    [
+        ({}, ""),
+        (
+            {"step": 48, "attempt": 1, "observedAt": "2026-11-29T10:00:00Z", "summary": "step 48"},
+            "step 48; seen 2026-11-29T10:00:00Z (attempt 1)",
+        ),
+        (
+            {
+                "step": 600,
+                "totalSteps": 1000,
+                "percent": 60.0,
+                "stepsPerSecond": 1.0,
+                "samplesPerSecond": 64.0,
+                "etaSeconds": 400,
+                "eta": "6m40s",
+                "estimatedCompletionTime": "2026-11-29T10:06:40Z",
+                "attempt": 2,
+                "observedAt": "2026-11-29T10:00:00Z",
+                "summary": "60%",
+            },
+            "step 600 of 1000 (60%), 1 steps/s, 64 samples/s, ETA 6m40s "
+            "(2026-11-29T10:06:40Z); seen 2026-11-29T10:00:00Z (attempt 2)",
+        ),
+    ],
+    ids=["none", "no-total", "with-eta"],
+)
+def test_status_shows_progress(progress: dict[str, Any], line: str) -> None:
+    assert usercli.progress_line(progress) == line

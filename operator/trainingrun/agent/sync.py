@@ -37,6 +37,7 @@ from types import FrameType
 
 from trainingrun.agent import stopsignal
 from trainingrun.agent.packs import plan as plan_packs
+from trainingrun.agent.progress import ProgressPublisher, start_publishing
 from trainingrun.agent.sidecar import (
     PERMANENT,
     AccessDeniedWatch,
@@ -144,6 +145,11 @@ class Sync:
         if self.committed:
             self.metrics.last_step.set(self.committed[-1])
         return manifest, etag
+
+    def publishing(self) -> bool:
+        """Whether the trainer's progress is published: not once a newer attempt holds the
+        fence (this pod is on its way out)."""
+        return self.fenced is None
 
     def on_fenced(self, e: Fenced | StaleAttempt) -> None:
         """A newer attempt holds the fence: stop uploading for good (the pod is an old
@@ -399,6 +405,9 @@ def main(
             e,
         )
     observer = watch(settings.checkpoint_dir, sync.wake)
+    if settings.rank == 0:  # a gang's ranks train in step: rank 0 speaks for them
+        publisher = ProgressPublisher(store, settings.run, settings.attempt)
+        start_publishing(publisher, settings.checkpoint_dir, sync.stopping, sync.publishing)
     log.info(
         "sync: watching %s%s, committing to s3://%s/%s (keep %d)",
         settings.checkpoint_dir,

@@ -14,6 +14,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from trainingrun.api.status import CheckpointRef as CheckpointRef
 from trainingrun.api.status import Condition as Condition
+from trainingrun.api.status import RunProgress as RunProgress
 from trainingrun.api.status import SaveEstimate as SaveEstimate
 from trainingrun.api.status import TrainingRunStatus as TrainingRunStatus
 from trainingrun.api.storage import ApiModel

@@ -214,7 +214,11 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "Restarts", "type": "integer", "jsonPath": ".status.restarts"},
     {"name": "Preemptions", "type": "integer", "jsonPath": ".status.preemptions"},
     {"name": "Checkpoint", "type": "integer", "jsonPath": ".status.latestCheckpoint.step"},
+    # The trainer's own figures (status.progress), display only.
+    {"name": "Progress", "type": "string", "jsonPath": ".status.progress.summary"},
+    {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "priority": 1},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     # Which format the sidecar recognised: the first thing to look at when a run is unprotected.
     {

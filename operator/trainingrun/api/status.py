@@ -50,6 +50,53 @@ class SaveEstimate(_Model):
     message: str = Field(description="The estimate against every window known.")
 
 
+class RunProgress(_Model):
+    """Where the trainer is, as the sync sidecar of rank 0 last published it (display only:
+    no decision reads it)."""
+
+    step: int = Field(ge=0, description="The trainer's step, from its progress file.")
+    total_steps: int | None = Field(
+        default=None, ge=1, description="Steps the trainer will run, when its framework knows."
+    )
+    percent: float | None = Field(
+        default=None, ge=0, le=100, description="step / totalSteps, in percent."
+    )
+    steps_per_second: float | None = Field(
+        default=None,
+        ge=0,
+        description=(
+            "Steps per second since the current attempt's first step the sidecar saw (not "
+            "since the run began, so a resume does not skew it)."
+        ),
+    )
+    samples_per_second: float | None = Field(
+        default=None, ge=0, description="Samples per second, as the trainer reports it."
+    )
+    tokens_per_second: float | None = Field(
+        default=None, ge=0, description="Tokens per second, as the trainer reports it."
+    )
+    eta_seconds: int | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds left at observedAt: (totalSteps - step) / stepsPerSecond.",
+    )
+    estimated_completion_time: str | None = Field(
+        default=None, description="When the trainer reaches totalSteps at that rate (RFC 3339)."
+    )
+    eta: str | None = Field(
+        default=None,
+        description="Time left as the status was written, for people (1h12m); the ETA column.",
+    )
+    summary: str = Field(
+        description=(
+            "The percent done (48%), or the step when the total is unknown (step 48); the "
+            "Progress column."
+        )
+    )
+    attempt: int = Field(ge=0, description="The attempt whose sidecar published it.")
+    observed_at: str = Field(description="When the sidecar read it from the trainer (RFC 3339).")
+
+
 class Condition(_Model):
     """One aspect of the run's state, in the metav1.Condition shape."""
 
@@ -126,6 +173,13 @@ class TrainingRunStatus(_Model):
         description=(
             "Time to upload a checkpoint like the latest against the time a save on preemption "
             "has; the SaveAtRisk condition is True when it does not fit."
+        ),
+    )
+    progress: RunProgress | None = Field(
+        default=None,
+        description=(
+            "Where the trainer is and when it will end, from its progress file (written by the "
+            "trainer integrations), refreshed at most once a minute; display only."
         ),
     )
     bad_checkpoints: list[

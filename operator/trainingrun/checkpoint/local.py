@@ -13,7 +13,8 @@ Layout of ``TRAININGRUN_CHECKPOINT_DIR`` (an ``emptyDir`` shared by the three co
     <file>.trainingrun-complete        (or the file) complete; never uploaded
     .trainingrun/save-now              written by the sidecar on a preemption notice or SIGTERM;
                                        the callback saves at the next step end and stops
-    .trainingrun/progress.json         written by the callback: {"step": .., "max_steps": ..}
+    .trainingrun/progress.json         written by the callback: {"step": .., "max_steps": ..,
+                                       "samples_per_second": .., "tokens_per_second": ..}
     .trainingrun/restored              written last by the restore: its exit code and message,
                                        which a trainer started beside it waits for
 
@@ -108,13 +109,28 @@ def save_requested(checkpoint_dir: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Progress:
+    """The trainer's step, its total when its framework knows it, and its throughput when it
+    measures one (samples or tokens per second)."""
+
     step: int
     max_steps: int | None
+    samples_per_second: float | None = None
+    tokens_per_second: float | None = None
+
+
+# The callback writes ~100 bytes; the sidecar reads no more than this of the file.
+PROGRESS_MAX_BYTES = 4096
 
 
 def write_progress(checkpoint_dir: Path, progress: Progress) -> None:
     """Atomically replaces the progress file (a reader never sees half of it)."""
-    text = json.dumps({"step": progress.step, "max_steps": progress.max_steps})
+    fields = {
+        "step": progress.step,
+        "max_steps": progress.max_steps,
+        "samples_per_second": progress.samples_per_second,
+        "tokens_per_second": progress.tokens_per_second,
+    }
+    text = json.dumps({k: v for k, v in fields.items() if v is not None or k == "max_steps"})
     _replace_control_file(checkpoint_dir, PROGRESS, text)
 
 
@@ -133,13 +149,41 @@ def _replace_control_file(
 
 
 def read_progress(checkpoint_dir: Path) -> Progress | None:
+    """The trainer's progress file; None when it is missing, over PROGRESS_MAX_BYTES (not read
+    further) or not one. Its figures are checked where they are published
+    (``trainingrun.checkpoint.progress``)."""
     try:
-        raw = json.loads(control_path(checkpoint_dir, PROGRESS).read_text())
-        return Progress(int(raw["step"]), raw.get("max_steps"))
+        with control_path(checkpoint_dir, PROGRESS).open("rb") as f:
+            data = f.read(PROGRESS_MAX_BYTES + 1)
+        if len(data) > PROGRESS_MAX_BYTES:
+            return None
+        raw = json.loads(data)
+        total = raw.get("max_steps")
+        return Progress(
+            int(raw["step"]),
+            None if total is None else int(total),
+            _number(raw.get("samples_per_second")),
+            _number(raw.get("tokens_per_second")),
+        )
     # Written by the trainer's side, so anything may be there: a missing file, a half-written
-    # one, Infinity (OverflowError), deep nesting (RecursionError).
-    except (OSError, ValueError, KeyError, TypeError, OverflowError, RecursionError):
+    # one, Infinity (OverflowError), deep nesting (RecursionError), a list (AttributeError).
+    except (
+        OSError,
+        ValueError,
+        KeyError,
+        TypeError,
+        OverflowError,
+        RecursionError,
+        AttributeError,
+    ):
         return None
+
+
+def _number(value: object) -> float | None:
+    """A rate the trainer wrote, if it is a number at all."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
 
 
 @dataclass(frozen=True)

@@ -131,6 +131,7 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             if latest
             else "none",
         ),
+        ("Progress", progress_line(status.get("progress") or {})),
         ("Save estimate", save_line(status.get("saveEstimate") or {})),
         ("Bad checkpoints", ", ".join(map(str, status.get("badCheckpoints") or []))),
         ("Next attempt", status.get("nextAttemptTime") or ""),
@@ -162,6 +163,27 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             out,
         )
     return 0
+
+
+def progress_line(progress: dict[str, Any]) -> str:
+    """The trainer's step, of how many, its rate and the ETA, and when the sidecar saw it."""
+    if not progress:
+        return ""
+    total = progress.get("totalSteps")
+    parts = [f"step {progress.get('step', 0)}" + (f" of {total}" if total else "")]
+    if progress.get("percent") is not None:
+        parts[0] += f" ({progress['percent']:g}%)"
+    for key, unit in (
+        ("stepsPerSecond", "steps/s"),
+        ("samplesPerSecond", "samples/s"),
+        ("tokensPerSecond", "tokens/s"),
+    ):
+        if progress.get(key):
+            parts.append(f"{progress[key]:.3g} {unit}")
+    if progress.get("estimatedCompletionTime"):
+        parts.append(f"ETA {progress.get('eta')} ({progress['estimatedCompletionTime']})")
+    seen = f"seen {progress.get('observedAt', '')} (attempt {progress.get('attempt', 0)})"
+    return ", ".join(parts) + "; " + seen
 
 
 def save_line(est: dict[str, Any]) -> str:

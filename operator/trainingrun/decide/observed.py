@@ -12,6 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
+from trainingrun.checkpoint.progress import ProgressRecord
 from trainingrun.decide import hold
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome, classify
@@ -36,6 +37,8 @@ class Observed:
     peers: tuple[Member, ...] = ()
     # Kueue's admission of the run's Workload; None: the run names no queue (decide.hold).
     queue: hold.Queue | None = None
+    # The progress record rank 0's sidecar published, when read this pass (decide.progress).
+    progress: ProgressRecord | None = None
 
     @property
     def gang(self) -> tuple[Member, ...]:

@@ -32,7 +32,7 @@ from typing import Any
 
 from trainingrun.api import TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
-from trainingrun.decide import hold, notices, savefit
+from trainingrun.decide import hold, notices, progress, savefit
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome
 from trainingrun.decide.gang import Member
@@ -79,6 +79,7 @@ def plan(obs: Observed) -> Plan:
         status, fit = savefit.mark(status, grace, obs.node, obs.generation, obs.now)
         events += fit
     p = _plan(status, obs)
+    p = replace(p, status=progress.marked(p.status, obs.progress, obs.now))  # display only
     if events:
         p = replace(p, events=[*events, *p.events])
     notice = notices.hand_on(obs.gang, obs.spec.preemption.notice_taints)

@@ -96,6 +96,7 @@ class TrainingRunCallback(Callback, neutral.StopOutcome):  # type: ignore[misc]
         self.stop_reason: str | None = None  # why training was asked to stop early, if it was
         self.finished = False  # the stop came at the last batch: nothing was cut short
         self._total: int | None = None  # max batches as the fit began (the stop shortens it)
+        self._samples, self._tokens = neutral.Throughput(), neutral.Throughput()
 
     def fit_start(self, state: State, logger: Logger) -> None:
         self._total = _max_batches(state)
@@ -112,7 +113,10 @@ class TrainingRunCallback(Callback, neutral.StopOutcome):  # type: ignore[misc]
             log.warning("%s: saving batch %d and stopping", reason, done)
             state.stop_training()  # CheckpointSaver saves this batch as the end of training
         if dist.get_global_rank() == 0:
-            local.write_progress(self.folder, local.Progress(done, total))
+            stamp = state.timestamp
+            samples = self._samples.rate(int(stamp.sample))
+            tokens = self._tokens.rate(int(stamp.token))
+            local.write_progress(self.folder, local.Progress(done, total, samples, tokens))
 
     def fit_end(self, state: State, logger: Logger) -> None:
         self._stop.restore()

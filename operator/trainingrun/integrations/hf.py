@@ -65,7 +65,13 @@ from transformers import TrainerCallback, TrainerControl, TrainerState, Training
 
 from trainingrun.checkpoint import local
 from trainingrun.contract import ENV_CHECKPOINT_DIR, EXIT_STOPPED, checkpoint_dirname
-from trainingrun.integrations.trainer import PEER_STOP, StopOutcome, StopRequest, resume_from
+from trainingrun.integrations.trainer import (
+    PEER_STOP,
+    StopOutcome,
+    StopRequest,
+    Throughput,
+    resume_from,
+)
 
 __all__ = [
     "EXIT_STOPPED",
@@ -125,6 +131,7 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
         self.finished = False  # reached max_steps
         # Its folder is only the default: the save-now request is read from _folder(args).
         self._stop = StopRequest(self.checkpoint_dir, install=False)
+        self._samples = Throughput()
 
     def _folder(self, args: TrainingArguments) -> Path:
         return self.checkpoint_dir or Path(str(args.output_dir))
@@ -138,9 +145,7 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
     ) -> None:
         self._stop.install()  # a no-op outside the main thread (Python's rule)
         if state.is_world_process_zero:
-            local.write_progress(
-                self._folder(args), local.Progress(state.global_step, state.max_steps)
-            )
+            local.write_progress(self._folder(args), self._progress(args, state))
 
     def on_step_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -161,8 +166,16 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
             control.should_save = True
             control.should_training_stop = True
         if state.is_world_process_zero:
-            local.write_progress(folder, local.Progress(state.global_step, state.max_steps))
+            local.write_progress(folder, self._progress(args, state))
         return control
+
+    def _progress(self, args: TrainingArguments, state: TrainerState) -> local.Progress:
+        """The step, of max_steps, and the samples per second since this process began (a
+        step takes train_batch_size x gradient_accumulation_steps on each process)."""
+        per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
+        rate = self._samples.rate(state.global_step * per_step)
+        total = state.max_steps if state.max_steps > 0 else None
+        return local.Progress(state.global_step, total, samples_per_second=rate)
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any

@@ -83,6 +83,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         self._wrapped = False
         self._past_check = False  # this batch end's stop check is done
         self._held: tuple[int, FrameType | None] | None = None
+        self._total: int | None = None  # the fit's steps, when Lightning knows them
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         order = trainer.callbacks
@@ -96,6 +97,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         self._dirs = self._folders(trainer)  # their dirpath is resolved by now (their setup)
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._total = total_steps(trainer)
         # Lightning stops a SIGTERMed fit at the end of the batch, after the callbacks: a SIGTERM
         # that lands after this callback's stop check of that batch end would end the run
         # without the save. Such a signal is held and handed to Lightning at the next batch's
@@ -199,10 +201,7 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
             self._save(trainer, reason)
             trainer.should_stop = True
         if trainer.is_global_zero:
-            local.write_progress(
-                self.folder,
-                local.Progress(step, trainer.max_steps if trainer.max_steps > 0 else None),
-            )
+            local.write_progress(self.folder, local.Progress(step, self._total))
 
     def _save(self, trainer: pl.Trainer, reason: str) -> None:
         """Saves this step unless a checkpoint callback did; every rank takes the same branch
@@ -230,6 +229,18 @@ class TrainingRunCallback(Checkpoint, neutral.StopOutcome):  # type: ignore[misc
         self._mark_saved(trainer)
         self.finished = trainer.max_steps > 0 and trainer.global_step >= trainer.max_steps
         self.log_stopped(log, f"step {trainer.global_step}")
+
+
+def total_steps(trainer: pl.Trainer) -> int | None:
+    """The fit's optimizer steps: max_steps when set, else Lightning's estimate from the epochs
+    and the data (None when it has none: an iterable dataset of unknown length)."""
+    if trainer.max_steps > 0:
+        return int(trainer.max_steps)
+    try:
+        estimate = float(trainer.estimated_stepping_batches)
+    except Exception:  # Lightning raises what its data loaders raise
+        return None
+    return int(estimate) if 0 < estimate < float("inf") else None
 
 
 def fit(trainer: pl.Trainer, model: pl.LightningModule, *args: Any, **kwargs: Any) -> int:

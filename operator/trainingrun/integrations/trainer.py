@@ -12,7 +12,7 @@ Standard library only: a hand-written loop needs nothing else, and the framework
     while step < max_steps:
         step += 1
         train_one_step()
-        trainer.report_progress(step, max_steps)
+        trainer.report_progress(step, max_steps, samples_per_second=rate)
         if step % save_steps == 0 or stop.reason():
             path = save(trainer.checkpoint_dir() / f"step_{step}")
             trainer.mark_complete(path)           # the sidecar uploads it at once
@@ -58,6 +58,7 @@ __all__ = [
     "RestoreFailed",
     "StopOutcome",
     "StopRequest",
+    "Throughput",
     "checkpoint_dir",
     "mark_complete",
     "report_progress",
@@ -129,11 +130,37 @@ def mark_complete(path: str | Path) -> None:
     local.mark_complete(target)
 
 
-def report_progress(step: int, max_steps: int | None, folder: str | Path | None = None) -> None:
-    """The trainer's step, for the sidecar to publish (``trainingrun_trainer_step``)."""
-    local.write_progress(
-        Path(folder) if folder else checkpoint_dir(), local.Progress(step, max_steps)
-    )
+def report_progress(
+    step: int,
+    max_steps: int | None,
+    folder: str | Path | None = None,
+    *,
+    samples_per_second: float | None = None,
+    tokens_per_second: float | None = None,
+) -> None:
+    """The trainer's step, its total when known and its throughput when measured, for the
+    sidecar to publish (``trainingrun_trainer_step``, ``status.progress``). The file is
+    replaced atomically; once per step is fine."""
+    progress = local.Progress(step, max_steps, samples_per_second, tokens_per_second)
+    local.write_progress(Path(folder) if folder else checkpoint_dir(), progress)
+
+
+class Throughput:
+    """Items (samples, tokens) per second since the first count given in this process: the
+    attempt's own rate, steadier than the last step's. A count going back starts it again."""
+
+    def __init__(self, clock: Any = time.monotonic) -> None:
+        self.clock = clock
+        self.start: tuple[int, float] | None = None
+
+    def rate(self, count: int) -> float | None:
+        """The rate with ``count`` items done so far; None until there is one."""
+        now = self.clock()
+        if self.start is None or count < self.start[0]:
+            self.start = (count, now)
+            return None
+        done, elapsed = count - self.start[0], now - self.start[1]
+        return done / elapsed if done > 0 and elapsed > 0 else None
 
 
 class StopRequest:

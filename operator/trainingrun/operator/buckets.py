@@ -34,6 +34,7 @@ from trainingrun.checkpoint.lookup import (
     read_run_manifest_tagged,
 )
 from trainingrun.checkpoint.manifest import RunManifest
+from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, decode
 from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.operator.slots import Addresses, Resolve, host_port, resolve
@@ -321,6 +322,17 @@ class RunStores:
             upload_seconds=entry.upload_seconds,
         )
         return Checkpoints(True, manifest, latest, seen)
+
+    def read_progress(self, ref: RunRef) -> ProgressRecord | None:
+        """The progress record rank 0's sync sidecar published (``checkpoint.progress``); None
+        when there is none yet. One GET under the run's slot and the operator's call deadline;
+        the store refuses an object over its ``max_get_bytes`` unread, ``decode`` one over a
+        few KiB. Raises MissingSecret, StorageError (EndpointBusy), ProgressError."""
+        storage = ref.spec.checkpoint.storage
+        store = self.store_for(ref.namespace, storage)
+        with self._slot(ref.namespace, storage):
+            data = store.get(parse_uri(run_prefix(ref)).key(PROGRESS_RECORD))
+        return decode(data) if data is not None else None
 
     def take_fence(
         self, ref: RunRef, attempt: int, seen: tuple[bytes, str] | None = None

@@ -74,6 +74,9 @@ class OperatorSettings:
     resync_rate: float = 10.0
     # How often a running attempt's latest checkpoint is re-read from the bucket manifest.
     checkpoint_refresh_seconds: float = 15.0
+    # How often at most a running attempt's progress record is read, with a manifest refresh:
+    # display only, and the status changes for progress alone at most this often.
+    progress_refresh_seconds: float = 60.0
     # Notice taint keys the admin adds for the whole cluster (a run may name its own too).
     extra_notice_taints: tuple[str, ...] = ()
     # Worker threads for passes: passes of one run are serialised, of different runs parallel.
@@ -116,6 +119,9 @@ class OperatorSettings:
             resync_rate=_number(env, "TRAININGRUN_RESYNC_RATE", cls.resync_rate, minimum=0.1),
             checkpoint_refresh_seconds=_seconds(
                 env, "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS", cls.checkpoint_refresh_seconds
+            ),
+            progress_refresh_seconds=_seconds(
+                env, "TRAININGRUN_PROGRESS_REFRESH_SECONDS", cls.progress_refresh_seconds
             ),
             extra_notice_taints=tuple(t.strip() for t in taints.split(",") if t.strip()),
             workers=int(_number(env, "TRAININGRUN_WORKERS", cls.workers, minimum=1, whole=True)),

@@ -1,0 +1,128 @@
+"""The sidecar's publishing of the trainer's progress: the trainer integration's progress file
+(``.trainingrun/progress.json``) read, and put into the run's prefix as the progress record
+(``trainingrun.checkpoint.progress``) that the operator shows in ``status.progress``.
+
+Rank 0 only, at most once per ``interval`` and only when the step changed, by a plain PUT (a PUT
+replaces an object whole: a reader sees the old record or the new). Its own thread: a put that
+waits out a slow endpoint never holds a checkpoint's upload, and a failed put only leaves the
+display behind. The pod writes nothing it could not write before (the run's prefix) and gets no
+Kubernetes credentials; the operator reads the record when it refreshes the run's manifest.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from trainingrun.checkpoint import local
+from trainingrun.checkpoint.progress import (
+    MAX_STEP,
+    PROGRESS_RECORD,
+    ProgressRecord,
+    encode,
+    rate,
+)
+from trainingrun.storage.opener import Location, StorageError, Store, log_text
+
+log = logging.getLogger("trainingrun.agent.sync")
+
+# How often at most the record is put: the status shows it at most once a minute anyway.
+PUBLISH_SECONDS = 60.0
+
+
+class ProgressPublisher:
+    """Puts the progress record of this pod's trainer (see the module doc)."""
+
+    def __init__(
+        self,
+        store: Store,
+        run: Location,
+        attempt: int,
+        interval: float = PUBLISH_SECONDS,
+        clock: Callable[[], float] = time.time,
+        monotonic: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.store = store
+        self.key = run.key(PROGRESS_RECORD)
+        self.attempt = attempt
+        self.interval = interval
+        self.clock = clock
+        self.monotonic = monotonic
+        self.first: tuple[int, float] | None = None  # the first step seen, and when
+        self.published: int | None = None  # the step last put
+        self.last_try: float | None = None
+        self.failing = False
+
+    def check(self, progress: local.Progress | None) -> bool:
+        """Notes ``progress`` (the trainer's file as just read) and puts the record when due;
+        True when it put one."""
+        if progress is None or not 0 <= progress.step <= MAX_STEP:
+            return False
+        now = self.clock()
+        # The first step this attempt's sidecar saw; a step going back (the trainer restarted
+        # in the pod from an older checkpoint) starts the measure again.
+        if self.first is None or progress.step < self.first[0]:
+            self.first = (progress.step, now)
+        if progress.step == self.published:
+            return False
+        tried = self.last_try
+        if tried is not None and self.monotonic() - tried < self.interval:
+            return False
+        self.last_try = self.monotonic()
+        return self.put(self.record(progress, now))
+
+    def record(self, progress: local.Progress, now: float) -> ProgressRecord:
+        assert self.first is not None
+        total = progress.max_steps
+        return ProgressRecord(
+            step=progress.step,
+            attempt=self.attempt,
+            first_step=self.first[0],
+            first_seen=self.first[1],
+            observed=now,
+            total_steps=total if total is not None and 1 <= total <= MAX_STEP else None,
+            samples_per_second=rate(progress.samples_per_second),
+            tokens_per_second=rate(progress.tokens_per_second),
+        )
+
+    def put(self, record: ProgressRecord) -> bool:
+        try:
+            self.store.put(self.key, encode(record))
+        except StorageError as e:
+            if not self.failing:  # once per outage: the display is all it costs
+                log.warning("cannot publish the trainer's progress: %s", log_text(e))
+            self.failing = True
+            return False
+        if self.failing:
+            log.info("publishing the trainer's progress again")
+        self.failing = False
+        self.published = record.step
+        return True
+
+
+def start_publishing(
+    publisher: ProgressPublisher,
+    checkpoint_dir: Path,
+    stopping: threading.Event,
+    active: Callable[[], bool] = lambda: True,
+    poll_seconds: float = 5.0,
+) -> threading.Thread:
+    """The publishing thread: reads the progress file every ``poll_seconds`` and publishes it
+    while ``active()`` (a sidecar fenced out by a newer attempt publishes no more), until
+    ``stopping`` is set."""
+
+    def loop() -> None:
+        while not stopping.wait(poll_seconds):
+            if not active():
+                continue
+            try:
+                publisher.check(local.read_progress(checkpoint_dir))
+            except Exception:  # the display must never end the sidecar
+                log.exception("publishing the trainer's progress failed")
+
+    thread = threading.Thread(target=loop, name="trainingrun-progress", daemon=True)
+    thread.start()
+    return thread
