@@ -46,6 +46,7 @@ BESIDE_THE_CLUSTER = frozenset(
         "tests/integration/test_bench_transfer.py",
         "tests/integration/test_fenced_commits.py",
         "tests/integration/test_formats.py",
+        "tests/integration/test_progress.py",
         "tests/integration/test_gang_shared_files.py",
         "tests/integration/test_storage_names.py",
         "tests/integration/test_stores.py",

@@ -163,6 +163,7 @@ def test_env_follows_values(helm: Path) -> None:
             "resyncSeconds": 30,
             "resyncRate": 50,
             "checkpointRefreshSeconds": 45,
+            "progressRefreshSeconds": 120,
             "noticeTaints": ["example.com/reclaim", "other/notice"],
             "workers": 3,
             "extraEnv": [{"name": "EXTRA", "value": "1"}],
@@ -174,6 +175,7 @@ def test_env_follows_values(helm: Path) -> None:
     assert env["TRAININGRUN_RESYNC_SECONDS"] == "30"
     assert env["TRAININGRUN_RESYNC_RATE"] == "50"
     assert env["TRAININGRUN_CHECKPOINT_REFRESH_SECONDS"] == "45"
+    assert env["TRAININGRUN_PROGRESS_REFRESH_SECONDS"] == "120"
     assert env["TRAININGRUN_NOTICE_TAINTS"] == "example.com/reclaim,other/notice"
     assert env["TRAININGRUN_WORKERS"] == "3"
     assert env["EXTRA"] == "1"
@@ -207,6 +209,10 @@ def test_env_defaults_match_the_operator_defaults(helm: Path) -> None:
     assert (
         float(env["TRAININGRUN_CHECKPOINT_REFRESH_SECONDS"])
         == OperatorSettings.checkpoint_refresh_seconds
+    )
+    assert (
+        float(env["TRAININGRUN_PROGRESS_REFRESH_SECONDS"])
+        == OperatorSettings.progress_refresh_seconds
     )
     assert env["TRAININGRUN_NOTICE_TAINTS"] == ""
     defaults = OperatorSettings.from_env({k: v for k, v in env.items() if isinstance(v, str)})

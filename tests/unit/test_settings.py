@@ -31,6 +31,7 @@ def test_every_variable_is_read() -> None:
             "TRAININGRUN_RESYNC_SECONDS": "30",
             "TRAININGRUN_RESYNC_RATE": "7.5",
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "2.5",
+            "TRAININGRUN_PROGRESS_REFRESH_SECONDS": "90",
             "TRAININGRUN_NOTICE_TAINTS": " example.com/reclaim, ,other/notice ",
             "TRAININGRUN_WORKERS": "3",
             "TRAININGRUN_CLUSTER_DOMAIN": "Corp.Example",
@@ -45,6 +46,7 @@ def test_every_variable_is_read() -> None:
     }
     assert (s.resync_seconds, s.checkpoint_refresh_seconds, s.workers) == (30.0, 2.5, 3)
     assert s.resync_rate == 7.5
+    assert s.progress_refresh_seconds == 90.0
     assert s.agent.cluster_domain == "corp.example"
     assert s.extra_notice_taints == ("example.com/reclaim", "other/notice")
     assert s.notice_taints[-2:] == ("example.com/reclaim", "other/notice")
