@@ -40,6 +40,8 @@ def main() -> None:
         "metadata": {"name": POD, "annotations": {KEY: "start"}},
         "spec": {
             "nodeSelector": {"kubernetes.io/hostname": args.node},
+            # The local real node's taint (tests/localnode.py): only pods that ask land there.
+            "tolerations": [{"key": "trainingrun.dev/real-node", "operator": "Exists"}],
             "terminationGracePeriodSeconds": 1,
             "containers": [
                 {
