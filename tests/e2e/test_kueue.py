@@ -66,7 +66,14 @@ def test_priority_eviction_saves_then_readmission_resumes_to_the_uninterrupted_w
     # A second run of the same priority waits, with no pod.
     wait_dir = tmp_path / "waiting"
     runs.create(queued(finetune_run("waiting", localenv, prefix, wait_dir, nodes), queue, "low"))
-    waiting = runs.wait_status("waiting", lambda s: s.get("phase") == "Queued", 60, "Queued")
+    # The first pass says it waits for its Workload (created by that pass's apply step); the
+    # next, within a poll, Kueue's own words.
+    waiting = runs.wait_status(
+        "waiting",
+        lambda s: s.get("phase") == "Queued" and "quota" in s.get("message", ""),
+        60,
+        "Queued for quota",
+    )
     admitted = next(c for c in waiting["conditions"] if c["type"] == "Admitted")
     assert (admitted["status"], admitted["reason"]) == ("False", "Queued")
     assert "quota" in admitted["message"], admitted
