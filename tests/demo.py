@@ -261,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
     say(f"the run ended: {final.get('phase')}")
     show_runs(env)
     user_command(env, "status", name, "-n", NAMESPACE)
+    # This run's Events only: an earlier demo's run of the same name has Events of its own.
+    uid = runs.get(name)["metadata"]["uid"]
     kubectl_shown(
         env,
         "get",
@@ -268,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
         "-n",
         NAMESPACE,
         "--field-selector",
-        f"involvedObject.name={name}",
+        f"involvedObject.uid={uid}",
         "--sort-by=.lastTimestamp",
     )
     print(f"\ndemo took {time.monotonic() - started:.0f} s", flush=True)
