@@ -474,6 +474,8 @@ def test_kubectl_get_shows_live_columns(
         "RESTARTS",
         "PREEMPTIONS",
         "CHECKPOINT",
+        "PROGRESS",
+        "ETA",
         "AGE",
     ]
     assert row.split()[:6] == ["cols", "Running", "2", "1", "0", "42"]
