@@ -58,6 +58,7 @@ from tests.integration.support import (
     trainingrun,
 )
 from trainingrun import api
+from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, encode
 from trainingrun.operator.settings import OperatorSettings
 
 REPO = Path(__file__).resolve().parent.parent
@@ -138,6 +139,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=float,
         default=180.0,
         help="replicas > 1: bound on the wait for attempt 1's other pods to go and the counters",
+    )
+    parser.add_argument(
+        "--progress",
+        type=float,
+        default=0.0,
+        help="publish a progress record for every run (as rank 0's sidecar does) and count "
+        "the operator's reads of them over this many seconds before the failures (0: off)",
     )
     parser.add_argument(
         "--write", type=Path, help="replace the operator section of this markdown file"
@@ -344,6 +352,60 @@ def inject_failures(
         resp.read()
         resp.release_conn()
     return failed_at
+
+
+class ProgressPublisher:
+    """Every run's sidecar publishing progress: a new record for each run every minute (a step
+    further), spread over the minute, so that each read the operator makes finds a change and
+    writes the status, as it would for a fleet that trains."""
+
+    def __init__(self, cluster: Cluster, names: list[str]) -> None:
+        self._cluster, self._names = cluster, names
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self.puts = 0
+
+    def start(self) -> None:
+        self.publish_all(0)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def publish_all(self, minute: int) -> None:
+        s3 = localenv.s3_client(self._cluster.env)
+        start, pace = time.monotonic(), 60.0 / max(len(self._names), 1)
+        for i, name in enumerate(self._names):
+            if minute and self._stop.wait(max(0.0, start + i * pace - time.monotonic())):
+                return
+            now = time.time()
+            step = 100 + i + 60 * minute
+            record = ProgressRecord(step, 1, 0, now - step, now, total_steps=100_000)
+            key = f"bench-{self._cluster.ns}/{self._cluster.ns}/{name}/{PROGRESS_RECORD}"
+            s3.put_object(Bucket=self._cluster.env.bucket, Key=key, Body=encode(record))
+            self.puts += 1
+
+    def _loop(self) -> None:
+        minute = 1
+        while not self._stop.is_set():
+            self.publish_all(minute)
+            minute += 1
+
+
+def progress_reads(op: OperatorProcess, seconds: float) -> float:
+    """The operator's reads of progress records a second over ``seconds`` of steady state (its
+    only plain GETs to the bucket then: the manifests are read with their ETag)."""
+
+    def gets() -> float:
+        return sum(
+            v
+            for k, v in op.metrics().items()
+            if k.startswith("trainingrun_bucket_calls_total") and 'operation="get"' in k
+        )
+
+    before, t0 = gets(), time.monotonic()
+    time.sleep(seconds)
+    return (gets() - before) / (time.monotonic() - t0)
 
 
 @dataclass
@@ -623,11 +685,17 @@ def measure(args: argparse.Namespace, runs: int) -> Measured:
     assert op.proc is not None
     watcher = ReplacementWatch(cluster, deadline)
     check = None
+    publisher: ProgressPublisher | None = None
     try:
         names = [f"r{i:04d}" for i in range(runs)]
         t0 = time.monotonic()
         create_runs(cluster, names, args.replicas)
         wait_attempt_1_running(cluster, runs * args.replicas, t0, deadline)
+        if args.progress:
+            publisher = ProgressPublisher(cluster, names)
+            publisher.start()
+            reads = progress_reads(op, args.progress)
+            print(f"progress reads: {reads:.2f}/s over {args.progress:g} s", flush=True)
         watcher.start()
         time.sleep(1)
 
@@ -650,6 +718,8 @@ def measure(args: argparse.Namespace, runs: int) -> Measured:
             check = check_gangs(cluster, victims, args.settle)
     finally:
         watcher.stop()
+        if publisher is not None:
+            publisher.stop()
         op.stop()
         tear_down(cluster)
     problems = log_problems(OPERATOR_LOG, log_from)

@@ -127,6 +127,13 @@ def test_marked_status(phase: str, read: bool, eta_shown: bool) -> None:
     assert (after.progress.steps_per_second is not None) is eta_shown
 
 
+def test_the_same_record_read_again_changes_nothing() -> None:
+    """Read a minute later, an unchanged record would only move the ETA's text: no write."""
+    status = marked(TrainingRunStatus(phase="Running", attempt=2), record(), NOW)
+    assert marked(status, record(), NOW + timedelta(seconds=60)) is status
+    assert marked(status, record(step=601), NOW + timedelta(seconds=60)) is not status
+
+
 def test_marked_without_progress_changes_nothing() -> None:
     status = TrainingRunStatus(phase="Running", attempt=2)
     assert marked(status, None, NOW) is status

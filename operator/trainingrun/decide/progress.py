@@ -29,13 +29,27 @@ def marked(
 ) -> TrainingRunStatus:
     """``status`` with its progress from ``record`` when one was read this pass (else the one it
     shows), without a rate or ETA unless the run is Running. The operator reads a record at most
-    once a minute per run, so progress alone changes the status at most that often."""
+    once a minute per run, so progress alone changes the status at most that often, and not at
+    all while the record stays the same (a stalled trainer, a sidecar that cannot publish)."""
     current = status.progress if record is None else shown(record, status.attempt, now)
+    if record is not None and _same_record(status.progress, current):
+        current = status.progress  # nothing new published: no write for the ETA's text alone
     if current is not None and status.phase != PHASE_RUNNING:
         current = without_eta(current)
     if current == status.progress:
         return status
     return status.model_copy(update={"progress": current})
+
+
+def _same_record(before: RunProgress | None, after: RunProgress | None) -> bool:
+    """Whether two figures come from the same record (the sidecar publishes on change only)."""
+    if before is None or after is None:
+        return False
+    return (before.observed_at, before.attempt, before.step) == (
+        after.observed_at,
+        after.attempt,
+        after.step,
+    )
 
 
 def shown(record: ProgressRecord, attempt: int, now: datetime) -> RunProgress:
