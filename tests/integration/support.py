@@ -72,6 +72,7 @@ class OperatorProcess:
             "KUBECONFIG": self.env.kubeconfig,
             "TRAININGRUN_RESYNC_SECONDS": "600",
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": "1",
+            "TRAININGRUN_PROGRESS_REFRESH_SECONDS": "1",
             "TRAININGRUN_SECRET_WAIT_SECONDS": str(SECRET_WAIT_SECONDS),
             **self.extra_env,
         }

@@ -22,6 +22,7 @@ is left alone.
 from __future__ import annotations
 
 import random
+import re
 import time
 from typing import Any
 
@@ -39,6 +40,7 @@ from tests.integration.support import (
 )
 from tests.localenv import KWOK_NODE_ANNOTATION, LocalEnv
 from trainingrun import api
+from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, encode
 from trainingrun.contract import ANNOTATION_NOTICE, EXIT_CHECKPOINT_BAD, LABEL_ATTEMPT, LABEL_RUN
 
 pytestmark = pytest.mark.usefixtures("operator")
@@ -482,6 +484,31 @@ def test_kubectl_get_shows_live_columns(
     wide = localenv.kubectl("get", "trainingruns", "-n", runs.namespace, "-o", "wide")
     assert "REASON" in wide.splitlines()[0] and "MESSAGE" in wide.splitlines()[0]
     assert "Resumed" in wide.splitlines()[1]
+
+
+def test_kubectl_get_shows_the_trainers_progress(
+    runs: Runs, localenv: LocalEnv, prefix: str, kwok_node: Any, s3: Any
+) -> None:
+    """Rank 0's sidecar publishes the trainer's progress into the run's prefix; the operator
+    reads it with a manifest refresh (the next pass a pod event brings) and kubectl shows it."""
+    start(runs, localenv, prefix, "prog", kwok_node())
+    now = time.time()
+    record = ProgressRecord(600, 1, 400, now - 200, now, total_steps=1000)
+    key = f"{run_prefix(prefix, runs.namespace, 'prog')}/{PROGRESS_RECORD}"
+    s3.put_object(Bucket=localenv.bucket, Key=key, Body=encode(record))
+    time.sleep(1.5)  # past TRAININGRUN_PROGRESS_REFRESH_SECONDS since the first pass's read
+    localenv.kubectl("annotate", "pod", "prog-1", "-n", runs.namespace, "poke=1")
+
+    status = runs.wait_status("prog", lambda s: bool(s.get("progress")), 30, "progress")
+    assert (status["progress"]["step"], status["progress"]["summary"]) == (600, "60%")
+    assert status["progress"]["etaSeconds"] == 400  # 400 steps at 1 step/s since step 400
+    out = localenv.kubectl("get", "trainingruns", "-n", runs.namespace, "-o", "wide")
+    header, row = out.strip().splitlines()[:2]
+    assert header.split()[5:10] == ["CHECKPOINT", "PROGRESS", "ETA", "AGE", "STEP"]
+    cells = row.split()  # no checkpoint yet: its cell is blank, so found by value
+    at = cells.index("60%")
+    assert re.fullmatch(r"6m[0-3]?\ds", cells[at + 1])  # 6m40s less the seconds since
+    assert cells[at + 3] == "600"  # after the age
 
 
 def test_operator_killed_around_resubmissions_makes_one_pod_per_attempt(
