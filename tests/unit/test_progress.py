@@ -12,7 +12,8 @@ Covers:
   large, a step of 10^18, NaN and negative rates, times out of range, deep nesting);
 - ``checkpoint.local.read_progress``: the trainer's file read no further than its cap, its rates;
 - the sidecar's ``ProgressPublisher``: rank 0's record put once a minute at most and on change
-  only, the first step of the attempt kept, a failed put costs the display only.
+  only, the first step of the attempt kept (also by a restarted sidecar, from the record its
+  attempt published), a failed put costs the display only.
 """
 
 from __future__ import annotations
@@ -284,6 +285,30 @@ def test_publisher_bounds_what_it_puts(progress: local.Progress, total: str | No
     assert published is (total is not None)
     if total is not None:
         assert decode(store.objects[KEY]).total_steps is None
+
+
+@pytest.mark.parametrize(
+    ("attempt", "first"),
+    [pytest.param(3, (40, T - 600), id="same-attempt-kept"), pytest.param(2, (70, T), id="older")],
+)
+def test_a_restarted_sidecar_keeps_the_attempts_first_step(
+    attempt: int, first: tuple[int, float]
+) -> None:
+    """The kubelet restarts a sidecar that exits: the new one counts the rate from the first
+    step its attempt's record gives, not from its own start."""
+    store, clock = DictStore(), Ticking()
+    earlier = ProgressRecord(60, attempt, 40, T - 600, T - 300, total_steps=100)
+    store.put(KEY, encode(earlier))
+    publisher(store, clock).check(local.Progress(70, 100))
+    rec = decode(store.objects[KEY])
+    assert (rec.first_step, rec.first_seen) == first
+
+
+def test_a_garbage_record_left_in_the_bucket_is_ignored() -> None:
+    store, clock = DictStore(), Ticking()
+    store.put(KEY, b"\x00" * 10_000)
+    assert publisher(store, clock).check(local.Progress(70, 100))
+    assert decode(store.objects[KEY]).first_step == 70
 
 
 def test_step_going_back_restarts_the_measure() -> None:

@@ -21,7 +21,9 @@ from trainingrun.checkpoint import local
 from trainingrun.checkpoint.progress import (
     MAX_STEP,
     PROGRESS_RECORD,
+    ProgressError,
     ProgressRecord,
+    decode,
     encode,
     rate,
 )
@@ -62,9 +64,11 @@ class ProgressPublisher:
         if progress is None or not 0 <= progress.step <= MAX_STEP:
             return False
         now = self.clock()
-        # The first step this attempt's sidecar saw; a step going back (the trainer restarted
-        # in the pod from an older checkpoint) starts the measure again.
-        if self.first is None or progress.step < self.first[0]:
+        if self.first is None:
+            self.first = self.published_first(progress.step) or (progress.step, now)
+        # A step going back (the trainer restarted in the pod from an older checkpoint) starts
+        # the measure again.
+        if progress.step < self.first[0]:
             self.first = (progress.step, now)
         if progress.step == self.published:
             return False
@@ -73,6 +77,20 @@ class ProgressPublisher:
             return False
         self.last_try = self.monotonic()
         return self.put(self.record(progress, now))
+
+    def published_first(self, step: int) -> tuple[int, float] | None:
+        """The first step of this attempt and when it was seen, from the record a sidecar of
+        this attempt published before (this one restarted: the kubelet restarts a native
+        sidecar that exits), so the rate still counts from the attempt's start. One bounded
+        read, once; None when there is none of this attempt, or it cannot be read."""
+        try:
+            data = self.store.get(self.key)
+            record = decode(data) if data is not None else None
+        except (StorageError, ProgressError):
+            return None
+        if record is None or record.attempt != self.attempt or record.first_step > step:
+            return None
+        return record.first_step, record.first_seen
 
     def record(self, progress: local.Progress, now: float) -> ProgressRecord:
         assert self.first is not None
