@@ -32,7 +32,8 @@ and the bucket (tests/unit/fakes.py), with a clock the test moves. Covers:
   once; ``status.latestCheckpoint.format`` is the format of the manifest entry (hf without one);
 - the trainer's progress (``status.progress``): the sidecar's record read with a manifest
   refresh, at most once a minute, while an attempt runs; the status written for it no more
-  often; a garbage record changes nothing; the ETA goes when the attempt ends.
+  often; a garbage record, one over the store's cap or an endpoint down changes nothing; the
+  ETA goes when the attempt ends.
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ from trainingrun.operator.launch import Launcher
 from trainingrun.operator.metrics import OperatorMetrics
 from trainingrun.operator.reconciler import Reconciler
 from trainingrun.operator.settings import OperatorSettings
-from trainingrun.storage.opener import parse_uri
+from trainingrun.storage.opener import StorageUnavailable, TooLarge, parse_uri
 
 RUN = "r1"
 
@@ -951,3 +952,34 @@ def test_progress_is_read_with_a_refresh_at_most_once_a_minute() -> None:
     w.reconcile()
     progress = w.status()["progress"]
     assert (w.status()["phase"], progress["step"], progress.get("eta")) == ("Backoff", 630, None)
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        pytest.param(TooLarge("s3://b/progress.json", 100 << 20, 8 << 20), id="100-MiB-object"),
+        pytest.param(StorageUnavailable("endpoint down"), id="endpoint-down"),
+    ],
+)
+def test_an_unreadable_progress_record_changes_only_the_display(error: Exception) -> None:
+    w = World()
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    publish(w, 600)
+    w.clock.advance(60)
+    w.reconcile()
+    before = w.status()
+    key = w.location.key(PROGRESS_RECORD)
+    get = w.bucket.get
+
+    def refusing(k: str) -> bytes | None:
+        if k == key:
+            raise error
+        return get(k)
+
+    w.bucket.get = refusing  # type: ignore[method-assign]
+    w.clock.advance(60)
+    w.reconcile()  # does not raise
+    assert w.status() == before
+    assert before["progress"]["step"] == 600
