@@ -7,7 +7,8 @@ after the one it reported, in the framework's own format, proved whole for the s
 marker beside a Lightning file; Composer's latest link), and exits 143. A fresh process resumed
 from that file (``TRAININGRUN_RESUME_FROM``) ends with final weights bitwise equal to an
 uninterrupted run's, and the same loss at every step after the resume point. One resumed from the
-checkpoint of the last step trains nothing and ends with the same weights.
+checkpoint of the last step trains nothing and ends with the same weights. The progress file
+the sidecar publishes says the run's total steps, and under Composer its samples per second.
 
 The stop steps come from a seeded RNG (``TRAININGRUN_TEST_SEED``, default 5) and are printed.
 """
@@ -91,6 +92,11 @@ def test_stop_saves_the_next_step_and_resumes_exactly(
         f"seed {SEED}, {framework} {how}: stopped after step {seen}, the process ended "
         f"{time.monotonic() - asked:.1f}s after the request"
     )
+
+    progress = local.read_progress(ckdir)  # what the sidecar publishes for status.progress
+    assert progress is not None and progress.max_steps == MAX_STEPS
+    if framework == "composer":  # Composer counts its samples: a throughput comes with them
+        assert progress.samples_per_second is not None and progress.samples_per_second > 0
 
     survey = local.survey(ckdir)
     saved = seen + 1
