@@ -52,7 +52,7 @@ from tests.integration.support import (
     credentials_secret,
     wait_for,
 )
-from tests.localenv import LocalEnv
+from tests.localenv import LocalEnv, s3_client
 from tests.podrunner import RunnerHandle
 from trainingrun import api
 
@@ -160,13 +160,12 @@ def witness(
     tenant_operator: OperatorProcess,
     api_client: Any,
     localenv: LocalEnv,
-    s3: Any,
     core_v1: Any,
     module_namespaces: Callable[[str], str],
 ) -> Iterator[Witness]:
     node = create_kwok_node(core_v1)
     runs = Runs.with_credentials(api_client, module_namespaces("witness"), localenv)
-    w = Witness(runs, localenv, s3)
+    w = Witness(runs, localenv, s3_client(localenv))  # module-scoped: its own client
     w.start(node)
     yield w
     core_v1.delete_node(node)

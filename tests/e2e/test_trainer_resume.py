@@ -94,7 +94,10 @@ def uninterrupted_reference(tmp_path_factory: pytest.TempPathFactory) -> Referen
     assert checkpoints(ckdir) == list(range(SAVE_STEPS, MAX_STEPS + 1, SAVE_STEPS))
     for step in checkpoints(ckdir):
         assert (ckdir / f"checkpoint-{step}" / local.COMPLETE_MARKER).exists()
-    assert local.read_progress(ckdir) == local.Progress(MAX_STEPS, MAX_STEPS)
+    progress = local.read_progress(ckdir)
+    assert progress is not None
+    assert (progress.step, progress.max_steps) == (MAX_STEPS, MAX_STEPS)
+    assert progress.samples_per_second is not None and progress.samples_per_second > 0
     weights = (ckdir / "final" / "model.safetensors").read_bytes()
     assert weights == (ckdir / f"checkpoint-{MAX_STEPS}" / "model.safetensors").read_bytes()
     reference_losses = losses(work / "loss.jsonl")
