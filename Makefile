@@ -17,7 +17,7 @@ STAMP := $(VENV)/.installed-$(shell { $(INSTALL_INPUTS); cat constraints.txt; } 
 	layers verify test test-unit test-integration chaos bench-tools bench-transfer bench-resume bench-stores bench-protocol clean \
 	lightning-env composer-env mindformers-env
 .PHONY: podtemplate-schema chart-crds chart-readme hadolint images kind-up kind-load kind-install kind-e2e kind-down
-.PHONY: node-packages node-tools check format
+.PHONY: node-packages node-tools check format test-real-node
 
 CHART := charts/trainingrun
 # Images and the kind cluster of the kind-* targets (users with Docker and kind).
@@ -132,7 +132,10 @@ format: venv ## Format and fix what ruff can (the same rules make lint checks)
 	$(BIN)/ruff check --fix operator tests examples
 
 test: verify tools emulators bench-tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
-	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40
+	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40 -m "not realnode"
+
+test-real-node: venv tools images node-tools ## The e2e tier on a real kubelet and containerd (builds the node's tools and the images first)
+	TRAININGRUN_REAL_NODE=1 $(BIN)/pytest tests/e2e/test_real_node.py -m realnode
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder
 	cp crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml

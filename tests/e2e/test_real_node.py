@@ -9,8 +9,8 @@ containerd and runc running the images ``make images`` built), facts measured th
 - the downward-API refresh (the operator's notice annotation reaching the sidecar's file): 5
   samples, max at most 5 s.
 
-Opt-in: ``TRAININGRUN_REAL_NODE=1`` (the node's tools and images: ``make node-tools images``);
-skipped otherwise, so ``make test`` without it is unchanged.
+A tier of its own: ``make test-real-node`` (the node's tools and images, then these tests with
+``TRAININGRUN_REAL_NODE=1``); ``make test`` deselects it.
 """
 
 from __future__ import annotations
@@ -36,13 +36,9 @@ from tests import localnode
 from tests.conftest import paused_session_operators
 from tests.integration.support import Runs, credentials_secret, wait_for
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.skipif(
-        not localnode.wanted(),
-        reason="the real node is opt-in: TRAININGRUN_REAL_NODE=1 (make node-tools images)",
-    ),
-]
+# Its own tier: ``make test`` deselects it (``-m "not realnode"``), ``make test-real-node``
+# builds the node's tools and images and runs it.
+pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "trainingrun-finetune.yaml"
@@ -66,6 +62,7 @@ def real_node(localenv: localenv_mod.LocalEnv) -> Iterator[RealNode]:
     """The environment with its real node, a namespace of this module with the S3 Secret, and
     an operator of its own that injects the local agent image (never pulled); the session's
     operator is paused meanwhile (two would both act on every run)."""
+    assert localnode.wanted(), "the real node's tier runs with make test-real-node"
     env = localenv_mod.ensure_real_node(localenv)
     localenv_mod.stop_operator(env)  # make demo's, which would act on these runs too
     env.kubectl("apply", "--server-side", "-f", str(REPO / "crds" / "trainingrun.yaml"))
