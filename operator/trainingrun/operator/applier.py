@@ -36,36 +36,21 @@ from trainingrun.decide.storagepolicy import refusal
 from trainingrun.decide.waits import Wait
 from trainingrun.operator.cache import ClusterView
 from trainingrun.operator.events import EventSink
+from trainingrun.operator.notices import PodAnnotator
+from trainingrun.operator.oldpods import PodDeleter
+from trainingrun.operator.queues import ObjectWriter
 from trainingrun.operator.settings import OperatorSettings
 
 
-class WriteApi(Protocol):
-    """The writes of ``trainingrun.operator.kube.Kube`` a pass makes, all through the applier."""
+class WriteApi(PodAnnotator, PodDeleter, ObjectWriter, Protocol):
+    """The writes of ``trainingrun.operator.kube.Kube`` a pass makes, all through the applier:
+    the rooms' own (annotations, pod deletes, Workloads), the status, and a launch's creates."""
 
     def patch_run_status(
         self, namespace: str, name: str, status: dict[str, Any]
     ) -> dict[str, Any] | None: ...
-    def annotate_pod(self, namespace: str, name: str, annotations: dict[str, str]) -> None: ...
-    def delete_pod_by_uid(
-        self, namespace: str, name: str, uid: str | None, grace_seconds: int | None = None
-    ) -> bool: ...
     def create_pod(self, pod: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
     def create_service(self, service: dict[str, Any]) -> tuple[dict[str, Any], bool]: ...
-    def create_object(
-        self, group: str, version: str, plural: str, body: dict[str, Any]
-    ) -> dict[str, Any] | None: ...
-    def replace_object_status(
-        self, group: str, version: str, plural: str, body: dict[str, Any]
-    ) -> None: ...
-    def delete_object(
-        self,
-        group: str,
-        version: str,
-        plural: str,
-        name: str,
-        namespace: str,
-        uid: str | None = None,
-    ) -> bool: ...
 
 
 class Applier:

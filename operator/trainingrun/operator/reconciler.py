@@ -44,7 +44,7 @@ from trainingrun.operator.cache import ClusterView, ObjectReader
 from trainingrun.operator.events import EventSink
 from trainingrun.operator.launch import Launcher
 from trainingrun.operator.metrics import OperatorMetrics
-from trainingrun.operator.notices import Notices, PodAnnotator
+from trainingrun.operator.notices import Notices
 from trainingrun.operator.oldpods import OldPods
 from trainingrun.operator.queues import ObjectApi, Queues, Seen
 from trainingrun.operator.settings import OperatorSettings
@@ -54,7 +54,7 @@ from trainingrun.storage.opener import StorageError, StorageMisconfigured, log_t
 log = logging.getLogger("trainingrun.operator")
 
 
-class KubeApi(ObjectReader, PodAnnotator, ObjectApi, WriteApi, Protocol):
+class KubeApi(ObjectReader, ObjectApi, WriteApi, Protocol):
     """The calls of ``trainingrun.operator.kube.Kube`` the reconciler makes: reads in gather,
     writes through its ``Applier`` only."""
 
