@@ -37,8 +37,13 @@ GATEWAY = "10.245.0.1"
 # The control plane's first ClusterIP (kwokctl's service range 10.0.0.0/24): the `kubernetes`
 # Service a pod's in-cluster client dials.
 KUBERNETES_SERVICE_IP = "10.0.0.1"
-# The agent for every TrainingRun, the example trainer for make demo.
-DEFAULT_IMAGES = ("ghcr.io/trainingrun/agent:dev", "ghcr.io/trainingrun/finetune-example:dev")
+# The agent for every TrainingRun, the example trainer for make demo, the operator for the chart
+# installed on the node (tests/e2e/test_real_node_operator.py).
+DEFAULT_IMAGES = (
+    "ghcr.io/trainingrun/agent:dev",
+    "ghcr.io/trainingrun/finetune-example:dev",
+    "ghcr.io/trainingrun/operator:dev",
+)
 OWNER_FILE = "environment"  # in the state folder: the environment's name
 UP_TIMEOUT_S = 900  # a cold import of the 6 GB example image takes about 3 minutes
 DOWN_TIMEOUT_S = 180
