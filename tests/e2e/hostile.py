@@ -7,9 +7,9 @@ each with the outcome a user should see.
   malformed, a key file naming its own token endpoint, manifests that are garbage, too big, too
   long, too new or naming 100,000,000 ranks, broken checkpoints, checkpoints with names no disk
   can hold or larger than the run's disk, a pod name taken, template annotations that fake the
-  operator's signals, a root pod, an init container that fakes the restore's exit), each with a
-  ``Check`` of its outcome: failed with a reason, waiting with a reason, started from scratch
-  with the bad checkpoint skipped, and so on;
+  operator's signals, a root pod (its agents root with one capability), an init container that
+  fakes the restore's exit), each with a ``Check`` of its outcome: failed with a reason,
+  waiting with a reason, started from scratch with the bad checkpoint skipped, and so on;
 - ``SLOW_ENDPOINTS``, in a namespace of their own: more runs on an endpoint that never answers
   than the operator has workers, and one on an endpoint that answers a byte every 2 s.
 """
@@ -219,16 +219,25 @@ def fresh_after_one_event_per_try(steps: int, tries: int) -> Check:
     return check
 
 
-def agents_not_root(t: Tenant, name: str) -> str | None:
-    """The pod's restore and sync run as 65532, whatever uid the template's pod level gives."""
+def agents_root_with_one_capability(t: Tenant, name: str) -> str | None:
+    """A root pod: the pod's restore and sync run as root with ``DAC_OVERRIDE`` alone, every
+    other capability dropped and no privilege escalation (they read what a root trainer keeps
+    private; the template gives them nothing more)."""
     pod = t.runs.pod(f"{name}-1")
     if pod is None:
         return "no pod yet"
-    users = {
-        c.name: (c.security_context.run_as_user if c.security_context else None)
-        for c in pod.spec.init_containers or []
-    }
-    return None if users and set(users.values()) == {65532} else f"agents' users {users}"
+    seen = {}
+    for container in pod.spec.init_containers or []:
+        sc = container.security_context
+        caps = sc.capabilities if sc else None
+        seen[container.name] = (
+            sc.run_as_user if sc else None,
+            tuple(caps.add or ()) if caps else None,
+            tuple(caps.drop or ()) if caps else None,
+            sc.allow_privilege_escalation if sc else None,
+        )
+    wanted = (0, ("DAC_OVERRIDE",), ("ALL",), False)
+    return None if seen and set(seen.values()) == {wanted} else f"agents' contexts {seen}"
 
 
 def bad_then_fresh(step: int) -> Check:
@@ -527,7 +536,7 @@ HOSTILE = [
     Hostile(
         "pod-level-root",
         _on_runner(IDLE, spec={"securityContext": {"runAsUser": 0}}),
-        agents_not_root,
+        agents_root_with_one_capability,
     ),
     Hostile(
         "template-resume-annotation",

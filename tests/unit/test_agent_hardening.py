@@ -7,9 +7,10 @@ Covers:
   ``TRAININGRUN_SIZE_LIMIT``; without it, neither;
 - both agents run with ``seccompProfile: RuntimeDefault``; their user mirrors the trainer's: a
   non-zero ``runAsUser`` of the trainer container (else of the pod) becomes theirs, with its
-  ``runAsGroup`` and ``runAsNonRoot: true``; a root trainer container, or no uid, sets nothing
-  about the user, except the pod's own ``runAsNonRoot: true``; a pod-level ``runAsUser: 0``
-  gives the agents their own 65532:65532, never root; the template is left as it was;
+  ``runAsGroup`` and ``runAsNonRoot: true``; no uid under ``runAsNonRoot: true`` keeps the
+  agent image's own user; a root trainer, or no uid at all, makes them root with
+  ``DAC_OVERRIDE`` the only capability (they read what the trainer keeps private); the
+  template is left as it was;
 - the metrics bind address from ``AgentSettings.metrics``: loopback (127.0.0.1), the pod's IP by
   the downward API, or off (port 0); the agents' own default without the variable is loopback.
 """
@@ -127,18 +128,26 @@ USER_KEYS = ("runAsUser", "runAsGroup", "runAsNonRoot")
         pytest.param(
             {"runAsUser": 1000, "runAsGroup": 3000},
             {"runAsUser": 0},
-            {},
-            id="a-root-trainer-in-a-non-root-pod-sets-nothing",
+            {"runAsUser": 0, "runAsNonRoot": False},
+            id="a-root-trainer-in-a-non-root-pod-makes-them-root",
         ),
         pytest.param(
             {"runAsUser": 0},
             None,
-            {"runAsUser": 65532, "runAsGroup": 65532, "runAsNonRoot": True},
-            id="a-root-pod-gives-the-agents-their-own-non-root-user",
+            {"runAsUser": 0, "runAsNonRoot": False},
+            id="a-root-pod-makes-them-root",
         ),
-        pytest.param(None, None, {}, id="no-security-context-sets-nothing"),
         pytest.param(
-            {"fsGroup": 1000}, {"readOnlyRootFilesystem": True}, {}, id="no-uid-sets-nothing"
+            None,
+            None,
+            {"runAsUser": 0, "runAsNonRoot": False},
+            id="no-security-context-makes-them-root",
+        ),
+        pytest.param(
+            {"fsGroup": 1000},
+            {"readOnlyRootFilesystem": True},
+            {"runAsUser": 0, "runAsNonRoot": False},
+            id="no-uid-makes-them-root",
         ),
         pytest.param(
             {"runAsNonRoot": True},
@@ -146,7 +155,24 @@ USER_KEYS = ("runAsUser", "runAsGroup", "runAsNonRoot")
             {"runAsNonRoot": True},
             id="the-pods-run-as-non-root-without-a-uid",
         ),
-        pytest.param(None, {"runAsGroup": 2000}, {}, id="a-gid-without-a-uid-sets-nothing"),
+        pytest.param(
+            None,
+            {"runAsGroup": 2000},
+            {"runAsUser": 0, "runAsNonRoot": False},
+            id="a-gid-without-a-uid-makes-them-root",
+        ),
+        pytest.param(
+            None,
+            {"runAsNonRoot": True},
+            {"runAsNonRoot": True},
+            id="the-trainers-run-as-non-root-without-a-uid",
+        ),
+        pytest.param(
+            {"runAsNonRoot": True, "runAsGroup": 0},
+            None,
+            {"runAsNonRoot": True, "runAsGroup": 65532},
+            id="non-root-without-a-uid-never-gets-gid-0",
+        ),
     ],
 )
 def test_agents_mirror_the_trainers_user(
@@ -174,8 +200,28 @@ def test_agents_run_with_the_runtime_default_seccomp_profile(step: int | None) -
         assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
         assert sc["allowPrivilegeEscalation"] is False
         assert sc["readOnlyRootFilesystem"] is True
-        assert sc["capabilities"] == {"drop": ["ALL"]}
+        # make_run's template names no user: the agents run as root with one capability
+        assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
     assert "securityContext" not in _container(pod, TRAINER_CONTAINER)
+
+
+@pytest.mark.parametrize(
+    ("pod_level", "capabilities"),
+    [
+        pytest.param({"runAsUser": 1000}, {"drop": ["ALL"]}, id="as-the-trainers-user-none"),
+        pytest.param({"runAsNonRoot": True}, {"drop": ["ALL"]}, id="as-their-own-user-none"),
+        pytest.param(
+            {"runAsUser": 0}, {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}, id="as-root-one"
+        ),
+    ],
+)
+def test_agents_keep_a_capability_only_as_root(
+    pod_level: dict[str, Any], capabilities: dict[str, Any]
+) -> None:
+    pod = _pod(_with_security(pod_level, None), step=120)
+
+    for name in AGENTS:
+        assert _container(pod, name)["securityContext"]["capabilities"] == capabilities, name
 
 
 # -- metrics ----------------------------------------------------------------------------------

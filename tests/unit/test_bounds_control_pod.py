@@ -5,10 +5,10 @@
   ``<pod>.<service>.<namespace>.svc.<cluster domain>`` (the cluster domain from
   ``AgentSettings.cluster_domain``, ``cluster.local`` by default), never a short name the DNS
   search list could complete in another namespace;
-- the restore and sync containers never run as uid 0, nor with gid 0, whatever the pod's or the
-  trainer's securityContext says: what they would inherit from the pod level as root falls
-  back to the agents' own non-root user (65532, the agent image's), and a non-root trainer's
-  uid is still theirs.
+- the restore and sync containers run as root only with ``DAC_OVERRIDE``, every other
+  capability dropped and no privilege escalation, whatever the pod's or the trainer's
+  securityContext says (a root trainer, or one whose user the template does not name); as a
+  non-root user (the trainer's) never with gid 0.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from trainingrun.decide.naming import RunRef
 from trainingrun.decide.pod import AgentSettings, build_pod, resume_of
 
 AGENTS = (c.RESTORE_CONTAINER, c.SYNC_CONTAINER)
-AGENT_UID = AGENT_GID = 65532  # the agent image's USER (images/agent/Dockerfile)
+AGENT_GID = 65532  # the agent image's USER (images/agent/Dockerfile)
 
 
 def _container(pod: dict[str, Any], name: str) -> dict[str, Any]:
@@ -80,14 +80,13 @@ def _effective(pod: dict[str, Any], name: str, key: str) -> Any:
 @pytest.mark.parametrize(
     ("pod_level", "trainer", "uid", "gid"),
     [
-        pytest.param({"runAsUser": 0}, None, AGENT_UID, AGENT_GID, id="a-root-pod"),
+        pytest.param({"runAsUser": 0}, None, 0, None, id="a-root-pod"),
+        pytest.param({"runAsUser": 0, "runAsGroup": 0}, None, 0, 0, id="a-root-pod-and-group"),
+        pytest.param({"runAsUser": 0}, {"runAsUser": 0}, 0, None, id="a-root-pod-and-trainer"),
+        pytest.param({"runAsGroup": 0}, None, 0, 0, id="a-root-group-pod"),
         pytest.param(
-            {"runAsUser": 0, "runAsGroup": 0}, None, AGENT_UID, AGENT_GID, id="a-root-pod-and-group"
+            {"runAsNonRoot": True, "runAsGroup": 0}, None, None, AGENT_GID, id="non-root-no-uid"
         ),
-        pytest.param(
-            {"runAsUser": 0}, {"runAsUser": 0}, AGENT_UID, AGENT_GID, id="a-root-pod-and-trainer"
-        ),
-        pytest.param({"runAsGroup": 0}, None, None, AGENT_GID, id="a-root-group-pod"),
         pytest.param(
             {"runAsUser": 1000, "runAsGroup": 0}, None, 1000, AGENT_GID, id="a-pods-root-group"
         ),
@@ -97,15 +96,15 @@ def _effective(pod: dict[str, Any], name: str, key: str) -> Any:
         pytest.param(
             {"runAsUser": 1000, "runAsGroup": 0},
             {"runAsUser": 0},
-            1000,
-            AGENT_GID,
+            0,
+            0,
             id="a-root-trainer-in-a-pod-with-a-root-group",
         ),
         pytest.param({"runAsUser": 0}, {"runAsUser": 1000}, 1000, None, id="a-non-root-trainer"),
-        pytest.param(None, None, None, None, id="nothing-said"),
+        pytest.param(None, None, 0, None, id="nothing-said"),
     ],
 )
-def test_the_agents_never_run_as_root_inherited_from_the_pod(
+def test_the_agents_are_root_only_with_one_capability(
     pod_level: dict[str, Any] | None, trainer: dict[str, Any] | None, uid: int | None, gid: int
 ) -> None:
     ref = _with_security(pod_level, trainer)
@@ -114,5 +113,10 @@ def test_the_agents_never_run_as_root_inherited_from_the_pod(
     for name in AGENTS:
         assert _effective(pod, name, "runAsUser") == uid, name
         assert _effective(pod, name, "runAsGroup") == gid, name
-        assert _effective(pod, name, "runAsUser") != 0, name
-        assert _effective(pod, name, "runAsGroup") != 0, name
+        sc = _container(pod, name)["securityContext"]
+        assert sc["allowPrivilegeEscalation"] is False, name
+        if uid == 0:
+            assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}, name
+        else:
+            assert sc["capabilities"] == {"drop": ["ALL"]}, name
+            assert _effective(pod, name, "runAsGroup") != 0, name

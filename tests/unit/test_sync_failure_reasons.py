@@ -39,3 +39,15 @@ def test_a_failure_is_counted_and_logged_under_its_documented_reason(
 
     assert registry.get_sample_value("trainingrun_sync_failures_total", {"reason": reason}) == 1
     assert f"sync: {reason}: " in caplog.text
+
+
+def test_a_file_the_trainer_keeps_private_names_the_fix(caplog: pytest.LogCaptureFixture) -> None:
+    metrics = Metrics(CollectorRegistry())
+    error = PermissionError(13, "Permission denied", "/checkpoints/checkpoint-60/model.safetensors")
+
+    with caplog.at_level(logging.ERROR):
+        report_failure(error, metrics)
+
+    assert "sync: PermissionError: " in caplog.text
+    assert "model.safetensors" in caplog.text
+    assert "securityContext.runAsUser" in caplog.text

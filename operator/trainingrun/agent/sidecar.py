@@ -246,9 +246,9 @@ class LayoutReport:
             if found.unreadable:
                 log.warning(
                     "cannot list %s in %s (permission denied for uid %d): its checkpoints are "
-                    "not seen nor uploaded; run the trainer container as the same user as the "
-                    "sync sidecar (securityContext.runAsUser), or have the trainer leave its "
-                    "folders readable to others",
+                    "not seen nor uploaded; name the trainer's user in the template "
+                    "(securityContext.runAsUser) and the operator runs the sync sidecar as the "
+                    "same user, or have the trainer leave its folders readable to others",
                     ", ".join(found.unreadable[:5]),
                     self.checkpoint_dir,
                     os.getuid(),
@@ -313,6 +313,12 @@ def report_failure(e: BaseException, metrics: Metrics) -> None:
     reason = "ManifestError" if isinstance(e, ManifestError) else type(e).__name__
     metrics.failures.labels(reason).inc()
     hint = " (will not fix itself: see the message)" if isinstance(e, PERMANENT) else ""
+    if isinstance(e, PermissionError):
+        hint = (
+            f" (the sidecar runs as uid {os.getuid()} and the trainer keeps this file private: "
+            "name the trainer's user in the template, securityContext.runAsUser, and the "
+            "operator runs its containers as that user; docs/troubleshooting.md)"
+        )
     log.error("sync: %s: %s%s; retrying", reason, log_text(e), hint)
 
 

@@ -1,7 +1,14 @@
 """How the operator's own containers in a pod (the restore and the sync sidecar) run, as plain
 dicts for the pod builder (``decide.pod``): their securityContext, hardened, with the trainer's
-user when the template names a non-root one (never root: their own non-root user instead of a
-uid or gid 0 the pod level would give them), and where they serve their metrics.
+user when the template names a non-root one, and where they serve their metrics.
+
+The sidecar must read every file the trainer writes, and the trainer must read, replace and
+delete what the restore wrote. Trainers often write private files (safetensors writes 0600), so
+the agents run as the trainer's user when the template names it. When it does not, or names
+root, the trainer may be root or its image's ``USER``, which the operator cannot see: the
+agents then run as uid 0 with one capability, ``DAC_OVERRIDE`` (read the trainer's files
+whoever owns them; Pod Security ``baseline`` allows it), every other one dropped, and the
+restore leaves what it writes open to every user of the pod (``checkpoint.local.share``).
 """
 
 from __future__ import annotations
@@ -17,14 +24,23 @@ AGENT_UID = 65532
 AGENT_GID = 65532
 
 
+# The one capability the agents keep when they run as root: file permission checks bypassed,
+# so the sidecar reads what a trainer of any user wrote private. Pod Security ``baseline``
+# allows it (``DAC_READ_SEARCH``, read-only, it does not).
+ROOT_CAPABILITY = "DAC_OVERRIDE"
+
+
 def security_context(user: dict[str, Any]) -> dict[str, Any]:
-    """An agent's securityContext: no privilege escalation, no capabilities, a read-only root,
-    the container runtime's default seccomp profile (what Pod Security ``restricted`` asks),
-    and ``user`` (``agent_user``)."""
+    """An agent's securityContext: no privilege escalation, every capability dropped, a
+    read-only root, the container runtime's default seccomp profile (what Pod Security
+    ``restricted`` asks), and ``user`` (``agent_user``); as root, ``ROOT_CAPABILITY`` only."""
+    capabilities: dict[str, Any] = {"drop": ["ALL"]}
+    if user.get("runAsUser") == 0:
+        capabilities["add"] = [ROOT_CAPABILITY]
     return {
         "allowPrivilegeEscalation": False,
         "readOnlyRootFilesystem": True,
-        "capabilities": {"drop": ["ALL"]},
+        "capabilities": capabilities,
         "seccompProfile": {"type": "RuntimeDefault"},
         **user,
     }
@@ -49,17 +65,27 @@ def _id(key: str, own: dict[str, Any], pod_level: dict[str, Any]) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def agent_user(pod_spec: dict[str, Any], trainer: dict[str, Any] | None) -> dict[str, Any]:
-    """The user fields of the agents' securityContext. The agents write what the trainer reads
-    and rotates away (the restored checkpoint, the control folder), so they run as the trainer
-    does when the template says who that is: a ``runAsUser`` other than 0 of the trainer
-    container, else of the pod, becomes theirs, with the matching ``runAsGroup`` when given,
-    and ``runAsNonRoot``. The pod's ``runAsNonRoot: true`` without a uid is kept.
+def _non_root(own: dict[str, Any], pod_level: dict[str, Any]) -> bool:
+    """Whether the trainer must run as a non-root user: its own ``runAsNonRoot``, else the
+    pod's."""
+    value = own.get("runAsNonRoot")
+    if value is None:
+        value = pod_level.get("runAsNonRoot")
+    return value is True
 
-    Never root: a uid 0 is never copied, and what the agents would inherit from the pod level
-    as root (``runAsUser: 0``, ``runAsGroup: 0``) is replaced by their own user, ``AGENT_UID``
-    and ``AGENT_GID``, for the template is the tenant's and the agents hold the bucket's
-    credentials."""
+
+def agent_user(pod_spec: dict[str, Any], trainer: dict[str, Any] | None) -> dict[str, Any]:
+    """The user fields of the agents' securityContext:
+
+    - the template names the trainer's non-root uid (``runAsUser`` of the trainer container,
+      else of the pod): the agents run as it, with the matching ``runAsGroup`` (never gid 0:
+      their own ``AGENT_GID`` instead), and ``runAsNonRoot``;
+    - it names no uid but asks for a non-root one (``runAsNonRoot: true``): the trainer runs as
+      its image's user, unseen; the agents as their image's own, ``AGENT_UID``. A file the
+      trainer keeps private cannot be read then: the sidecar says so, naming the fix (a
+      ``runAsUser``);
+    - it names root, or nothing: the agents run as root (``security_context`` then keeps only
+      ``ROOT_CAPABILITY``) and read what the trainer writes, whichever user it runs as."""
     pod_level = pod_spec.get("securityContext") or {}
     own = (trainer or {}).get("securityContext") or {}
     uid = _id("runAsUser", own, pod_level)
@@ -70,13 +96,9 @@ def agent_user(pod_spec: dict[str, Any], trainer: dict[str, Any] | None) -> dict
             user["runAsGroup"] = AGENT_GID if gid == 0 else gid
         user["runAsNonRoot"] = True
         return user
-    # Nothing about the user is copied. Unknown: the trainer runs as its image's USER, which the
-    # operator cannot see, and files the agents restored as some other uid might not be
-    # deletable by the trainer's checkpoint rotation. Root: never copied to the agents.
-    pod_uid, pod_gid = _id("runAsUser", {}, pod_level), _id("runAsGroup", {}, pod_level)
-    if pod_uid == 0:  # the pod level would make them root
-        return {"runAsUser": AGENT_UID, "runAsGroup": AGENT_GID, "runAsNonRoot": True}
-    user = {"runAsGroup": AGENT_GID} if pod_gid == 0 else {}
-    if pod_level.get("runAsNonRoot") is True:
-        user["runAsNonRoot"] = True  # the agent image's user is a numeric non-root one
-    return user
+    if uid is None and _non_root(own, pod_level):
+        user = {"runAsNonRoot": True}  # the agent image's user is a numeric non-root one
+        if _id("runAsGroup", {}, pod_level) == 0:
+            user["runAsGroup"] = AGENT_GID
+        return user
+    return {"runAsUser": 0, "runAsNonRoot": False}
