@@ -135,7 +135,7 @@ test: verify tools emulators bench-tools lightning-env composer-env mindformers-
 	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40 -m "not realnode"
 
 test-real-node: venv tools images node-tools ## The e2e tier on a real kubelet and containerd (builds the node's tools and the images first)
-	TRAININGRUN_REAL_NODE=1 $(BIN)/pytest tests/e2e/test_real_node.py -m realnode
+	TRAININGRUN_REAL_NODE=1 $(BIN)/pytest tests/e2e/test_real_node.py tests/e2e/test_real_node_operator.py -m realnode
 
 chart-crds: crds ## Regenerate crds/trainingrun.yaml and copy it into the chart's crds/ folder
 	cp crds/trainingrun.yaml $(CHART)/crds/trainingrun.yaml
