@@ -78,6 +78,13 @@ class ProgressPublisher:
         self.last_try = self.monotonic()
         return self.put(self.record(progress, now))
 
+    def final(self, progress: local.Progress | None) -> bool:
+        """The last word, at the sidecar's end (the trainer has exited): the record put whatever
+        the interval, so the operator reads the trainer's last step when the attempt ends (the
+        goodput ledger's steps lost). True when it put one."""
+        self.last_try = None
+        return self.check(progress)
+
     def published_first(self, step: int) -> tuple[int, float] | None:
         """The first step of this attempt and when it was seen, from the record a sidecar of
         this attempt published before (this one restarted: the kubelet restarts a native
@@ -144,3 +151,11 @@ def start_publishing(
     thread = threading.Thread(target=loop, name="trainingrun-progress", daemon=True)
     thread.start()
     return thread
+
+
+def publish_last(publisher: ProgressPublisher, checkpoint_dir: Path) -> None:
+    """The trainer's last progress, put once the sidecar's work is done (``final``)."""
+    try:
+        publisher.final(local.read_progress(checkpoint_dir))
+    except Exception:  # the display must never change the sidecar's exit
+        log.exception("publishing the trainer's last progress failed")

@@ -37,7 +37,7 @@ from types import FrameType
 
 from trainingrun.agent import stopsignal
 from trainingrun.agent.packs import plan as plan_packs
-from trainingrun.agent.progress import ProgressPublisher, start_publishing
+from trainingrun.agent.progress import ProgressPublisher, publish_last, start_publishing
 from trainingrun.agent.sidecar import (
     PERMANENT,
     AccessDeniedWatch,
@@ -405,6 +405,7 @@ def main(
             e,
         )
     observer = watch(settings.checkpoint_dir, sync.wake)
+    publisher = None
     if settings.rank == 0:  # a gang's ranks train in step: rank 0 speaks for them
         publisher = ProgressPublisher(store, settings.run, settings.attempt)
         start_publishing(publisher, settings.checkpoint_dir, sync.stopping, sync.publishing)
@@ -417,7 +418,10 @@ def main(
         settings.keep,
     )
     try:
-        return sync.run()
+        code = sync.run()
     finally:
         if observer is not None:
             observer.stop()
+    if publisher is not None and sync.publishing():
+        publish_last(publisher, settings.checkpoint_dir)
+    return code

@@ -12,10 +12,14 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, JsonValue, model_validator
 
+from trainingrun.api.status import AttemptRecord as AttemptRecord
 from trainingrun.api.status import CheckpointRef as CheckpointRef
 from trainingrun.api.status import Condition as Condition
+from trainingrun.api.status import Goodput as Goodput
+from trainingrun.api.status import LedgerTotals as LedgerTotals
 from trainingrun.api.status import RunProgress as RunProgress
 from trainingrun.api.status import SaveEstimate as SaveEstimate
+from trainingrun.api.status import StepsLost as StepsLost
 from trainingrun.api.status import TrainingRunStatus as TrainingRunStatus
 from trainingrun.api.storage import ApiModel
 from trainingrun.api.storage import StorageSpec as StorageSpec

@@ -219,6 +219,7 @@ PRINTER_COLUMNS: list[dict[str, Any]] = [
     {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta"},
     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
     {"name": "Step", "type": "integer", "jsonPath": ".status.progress.step", "priority": 1},
+    {"name": "Goodput", "type": "string", "jsonPath": ".status.goodput.summary", "priority": 1},
     {"name": "Replicas", "type": "integer", "jsonPath": ".spec.replicas", "priority": 1},
     # Which format the sidecar recognised: the first thing to look at when a run is unprotected.
     {

@@ -97,6 +97,104 @@ class RunProgress(_Model):
     observed_at: str = Field(description="When the sidecar read it from the trainer (RFC 3339).")
 
 
+# Preemption kinds the goodput ledger counts the steps lost of (``decide.goodput.kind_of``).
+LOSS_KINDS = ("eviction", "notice", "nodeLost", "sigkill", "other")
+
+
+class AttemptRecord(_Model):
+    """One attempt in the goodput ledger: its pod's start, the steps its sidecar saw, its end."""
+
+    attempt: int = Field(ge=1, description="The attempt's number.")
+    resume_step: int | None = Field(
+        default=None, ge=0, description="The committed step it resumed from; none: from scratch."
+    )
+    created: str = Field(description="When its pod (rank 0's) was created (RFC 3339).")
+    first_step: int | None = Field(
+        default=None, ge=0, description="The first step its sidecar saw the trainer at."
+    )
+    first_step_time: str | None = Field(default=None, description="When (RFC 3339).")
+    last_step: int | None = Field(
+        default=None,
+        ge=0,
+        description="The last step its sidecar published (at its end, the trainer's last).",
+    )
+    last_step_time: str | None = Field(default=None, description="When (RFC 3339).")
+    ended: str | None = Field(default=None, description="When it ended (RFC 3339).")
+    ending: str | None = Field(default=None, description="Why it ended: the ending's reason.")
+    kind: str | None = Field(
+        default=None,
+        description=(
+            "The preemption kind its lost steps count under: eviction, notice, nodeLost, "
+            "sigkill or other; none for a success."
+        ),
+    )
+    committed_step: int | None = Field(
+        default=None, ge=0, description="The newest committed checkpoint when it ended."
+    )
+    steps_lost: int | None = Field(
+        default=None,
+        ge=0,
+        description="Steps it trained past its last commit, lost at its end.",
+    )
+
+
+class StepsLost(_Model):
+    """Steps trained after the last commit of attempts that ended, by preemption kind."""
+
+    eviction: int = Field(default=0, ge=0, description="Evicted or deleted pods.")
+    notice: int = Field(default=0, ge=0, description="Preemption notices (noticeTaints).")
+    node_lost: int = Field(default=0, ge=0, description="Nodes gone or NotReady.")
+    sigkill: int = Field(default=0, ge=0, description="Trainers killed (exit 137, OOM).")
+    other: int = Field(default=0, ge=0, description="Failures and anything else.")
+
+
+class LedgerTotals(_Model):
+    """Seconds of the run's wall time by what they went to."""
+
+    productive_seconds: float = Field(
+        default=0.0, ge=0, description="Training whose steps the model keeps."
+    )
+    lost_seconds: float = Field(
+        default=0.0, ge=0, description="Training past an ended attempt's last commit."
+    )
+    startup_seconds: float = Field(
+        default=0.0, ge=0, description="Restore and start-up: a pod's creation to its first step."
+    )
+    waiting_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="No pod: queued, suspended, held for a Secret or storage, backoff.",
+    )
+    stall_seconds: float = Field(
+        default=0.0,
+        ge=0,
+        description="An attempt's end after its last step: its final save and upload.",
+    )
+
+
+class Goodput(LedgerTotals):
+    """The goodput ledger: the run's wall time split by what it went to (display only)."""
+
+    wall_seconds: float = Field(ge=0, description="Since the run was created, to observedAt.")
+    percent: float | None = Field(
+        default=None, ge=0, le=100, description="productiveSeconds / wallSeconds, in percent."
+    )
+    summary: str | None = Field(
+        default=None, description="The percent for people (83%); the Goodput column."
+    )
+    steps_lost: StepsLost = Field(
+        default_factory=StepsLost, description="Steps lost, by preemption kind."
+    )
+    observed_at: str = Field(description="When these figures were made (RFC 3339).")
+    settled: LedgerTotals = Field(
+        default_factory=LedgerTotals,
+        description="The totals of the attempts that ended and the waits before them.",
+    )
+    settled_at: str | None = Field(
+        default=None, description="Until when settled counts: the last attempt's end."
+    )
+
+
 class Condition(_Model):
     """One aspect of the run's state, in the metav1.Condition shape."""
 
@@ -181,6 +279,18 @@ class TrainingRunStatus(_Model):
             "Where the trainer is and when it will end, from its progress file (written by the "
             "trainer integrations), refreshed at most once a minute; display only."
         ),
+    )
+    goodput: Goodput | None = Field(
+        default=None,
+        description=(
+            "The goodput ledger: wall time split into productive training, work lost, start-up, "
+            "waiting and checkpoint stall, and the steps lost by preemption kind; display only."
+        ),
+    )
+    attempts: list[AttemptRecord] = Field(
+        default_factory=list,
+        max_length=20,
+        description="The last 20 attempts: start, first and last step, end, steps lost.",
     )
     bad_checkpoints: list[
         Annotated[int, Field(description="Training step of a checkpoint that is not used.")]

@@ -17,6 +17,7 @@ import urllib3
 from trainingrun import api
 from trainingrun.checkpoint.lookup import check_committed, read_run_manifest
 from trainingrun.checkpoint.manifest import ManifestError
+from trainingrun.cli import ledger
 from trainingrun.contract import format_bytes
 from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.operator.kube import Kube, load_config
@@ -132,6 +133,7 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
             else "none",
         ),
         ("Progress", progress_line(status.get("progress") or {})),
+        ("Goodput", ledger.goodput_line(status.get("goodput") or {})),
         ("Save estimate", save_line(status.get("saveEstimate") or {})),
         ("Bad checkpoints", ", ".join(map(str, status.get("badCheckpoints") or []))),
         ("Next attempt", status.get("nextAttemptTime") or ""),
@@ -140,6 +142,11 @@ def cmd_status(kube: Kube, args: argparse.Namespace, out: TextIO) -> int:
     for key, value in lines:
         if value:
             out.write(f"{key + ':':<{width}} {value}\n")
+    attempts = status.get("attempts") or []
+    if attempts:
+        out.write("Attempts (times since the run was created):\n")
+        created = (run.get("metadata") or {}).get("creationTimestamp")
+        table(ledger.HEADERS, ledger.attempt_rows(attempts, created), out)
     attempt = int(status.get("attempt") or 0)
     pods = kube.attempt_pods(args.namespace, args.run, attempt) if attempt else []
     if pods:

@@ -106,6 +106,8 @@ class Outcome:
     # Not ended yet, but it will be at this time unless the pod changes (an image pull that
     # keeps failing): the caller looks again then.
     decide_at: datetime | None = None
+    # The trainer's exit code when it ended the attempt (the goodput ledger tells a SIGKILL).
+    exit_code: int | None = None
 
     @property
     def ended(self) -> bool:
@@ -313,11 +315,13 @@ def _failure(
         return Outcome(End.FAILED, R.RESTORE_FAILED, msg)
     if trainer:
         code = trainer.get("exitCode")
+        exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
         if trainer.get("reason") == R.OOM_KILLED:
-            return Outcome(End.FAILED, R.OOM_KILLED, f"the trainer ran out of memory (exit {code})")
+            oom = f"the trainer ran out of memory (exit {code})"
+            return Outcome(End.FAILED, R.OOM_KILLED, oom, exit_code=exit_code)
         detail = pod_message(trainer)
         msg = f"the trainer exited {code}" + (f": {detail}" if detail else "")
-        return Outcome(End.FAILED, R.TRAINER_ERROR, msg)
+        return Outcome(End.FAILED, R.TRAINER_ERROR, msg, exit_code=exit_code)
     for s in statuses_of(pod, "initContainerStatuses"):
         term = terminated_state(s)
         if term and term.get("exitCode") not in (0, None):

@@ -39,6 +39,8 @@ class Observed:
     queue: hold.Queue | None = None
     # The progress record rank 0's sidecar published, when read this pass (decide.progress).
     progress: ProgressRecord | None = None
+    # When the run was created (its metadata.creationTimestamp): the goodput ledger's start.
+    created: datetime | None = None
 
     @property
     def gang(self) -> tuple[Member, ...]:

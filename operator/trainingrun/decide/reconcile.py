@@ -32,7 +32,7 @@ from typing import Any
 
 from trainingrun.api import TrainingRunStatus
 from trainingrun.contract import ANNOTATION_RESUME_STEP, STOP_EVICTED, parse_time, rfc3339
-from trainingrun.decide import hold, notices, progress, savefit
+from trainingrun.decide import goodput, hold, notices, progress, savefit
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import Outcome
 from trainingrun.decide.gang import Member
@@ -78,12 +78,28 @@ def plan(obs: Observed) -> Plan:
         grace = obs.spec.preemption.termination_grace_period_seconds
         status, fit = savefit.mark(status, grace, obs.node, obs.generation, obs.now)
         events += fit
+    status = goodput.seen(status, obs.progress)  # display only, as the two below
     p = _plan(status, obs)
-    p = replace(p, status=progress.marked(p.status, obs.progress, obs.now))  # display only
+    p = replace(p, status=progress.marked(p.status, obs.progress, obs.now))
+    p = replace(p, status=_ledger_shown(obs.status, p.status, obs))
     if events:
         p = replace(p, events=[*events, *p.events])
     notice = notices.hand_on(obs.gang, obs.spec.preemption.notice_taints)
     return replace(p, notice=notice) if notice is not None else p
+
+
+def _ledger_shown(
+    before: TrainingRunStatus, after: TrainingRunStatus, obs: Observed
+) -> TrainingRunStatus:
+    """``after`` with the goodput ledger's figures made again when its attempts or phase
+    changed this pass (a progress record, a start, an end): at most as often as those, so the
+    ledger alone never writes the status."""
+    if after.goodput is not None and (after.attempts, after.phase) == (
+        before.attempts,
+        before.phase,
+    ):
+        return after
+    return goodput.shown(after, obs.created, obs.now, finished=is_finished(after))
 
 
 def _plan(status: TrainingRunStatus, obs: Observed) -> Plan:
@@ -210,6 +226,7 @@ def counters_of(s: TrainingRunStatus) -> Counters:
 def _ended(status: TrainingRunStatus, obs: Observed, outcome: Outcome, current: str) -> Plan:
     counters = counters_of(status)
     latest_step = status.latest_checkpoint.step if status.latest_checkpoint else None
+    status = goodput.ended(status, outcome, latest_step, obs.created, obs.now)
     # The pod's annotation is the record of what it resumed from, even when the status write
     # after its creation was lost.
     resume_step = status.resume_step if status.resume_step is not None else _resume_step(obs.pod)
@@ -293,7 +310,7 @@ def started(
             conds, R.PROTECTED, None, R.AWAITING_CHECKPOINT, waiting, obs.generation, obs.now
         )
     new = _with(
-        status,
+        goodput.begun(status, resume, obs.now),
         obs,
         active_pod=name,
         resume_step=resume,

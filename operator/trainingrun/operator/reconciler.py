@@ -30,6 +30,7 @@ from pydantic import ValidationError
 from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.checkpoint.manifest import ManifestError
 from trainingrun.checkpoint.progress import ProgressError, ProgressRecord
+from trainingrun.contract import parse_time
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
@@ -167,7 +168,9 @@ class Reconciler:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except (MissingSecret, StorageMisconfigured) as e:
             return self.starter.unusable_storage(run, status, e, now)
-        record = self._progress(ref, mem, refreshed=seen.read and begun and not ended)
+        # An attempt's end reads its last record whatever the interval: the trainer's last step
+        # for the goodput ledger (its sidecar published it at its end).
+        record = self._progress(ref, mem, refreshed=seen.read and begun, now=ended)
         obs = replace(obs, latest=seen.latest, progress=record)
         p = plan(obs)  # the one plan of the pass
         again = self._apply(run, ref, obs, p, seen.seen)
@@ -200,6 +203,7 @@ class Reconciler:
             latest=None,
             now=now,
             peers=tuple(gang[1:]),
+            created=parse_time((run.get("metadata") or {}).get("creationTimestamp")),
         )
         begun = bool(status.active_pod) or all(m.pod is not None for m in gang)
         ended = begun and attempt_outcome(obs).ended
@@ -269,13 +273,16 @@ class Reconciler:
         mem.checkpoint_read_at = self._monotonic()
         return seen
 
-    def _progress(self, ref: RunRef, mem: RunMemory, refreshed: bool) -> ProgressRecord | None:
+    def _progress(
+        self, ref: RunRef, mem: RunMemory, refreshed: bool, now: bool = False
+    ) -> ProgressRecord | None:
         """The running attempt's progress record, read along with a manifest refresh
-        (``refreshed``) at most once per ``progress_refresh_seconds``: its reads are never more
-        than the periodic passes' (``resync_rate``), whatever the number of runs. None when not
+        (``refreshed``) at most once per ``progress_refresh_seconds`` (``now``: whatever the
+        interval, once per attempt's end): its reads are never more than the periodic passes'
+        (``resync_rate``) and the attempts' ends, whatever the number of runs. None when not
         read (the status keeps what it shows) or unreadable (display only: logged, no more)."""
         since = self._monotonic() - mem.progress_read_at
-        if not refreshed or since < self.settings.progress_refresh_seconds:
+        if not refreshed or (since < self.settings.progress_refresh_seconds and not now):
             return None
         mem.progress_read_at = self._monotonic()
         try:

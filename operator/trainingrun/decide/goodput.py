@@ -1,0 +1,251 @@
+"""The goodput ledger (``status.goodput``, ``status.attempts``): where a run's wall time went,
+and the steps each preemption cost.
+
+Display only: no decision reads it. Its facts are the operator's own (when an attempt's pod was
+created, when and why the attempt ended, the newest committed step then) and the progress
+records rank 0's sidecar published (the first and last step it saw the trainer at, and when; at
+its end the sidecar publishes the trainer's last step whatever its interval). From them, each
+attempt's time splits into:
+
+- start-up: its pod's creation to the first step its sidecar saw (restore, image, framework);
+- training, first step to last: the steps past its last commit are lost (``steps_lost``, at the
+  attempt's own rate), the rest productive. A running attempt's steps count as productive until
+  it ends;
+- its end after its last step: checkpoint stall (the final save, the sidecar's upload), or lost
+  when its node was lost (the pod went dark: nothing of that time is kept);
+
+and the time with no pod (before an attempt's pod was created: queued, suspended, held, backoff)
+is waiting. Goodput = productive / wall. Sums of ended attempts are kept in ``settled`` (the list
+of attempts keeps the last ``MAX_ATTEMPTS``), so the totals stay whole over any number of them.
+
+What it cannot see: a trainer without an integration publishes no step (its attempts are
+start-up until their end, with no step lost); a node lost keeps its last publish (up to a
+minute old) as the last step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime
+
+from trainingrun.api import (
+    AttemptRecord,
+    Goodput,
+    LedgerTotals,
+    TrainingRunStatus,
+)
+from trainingrun.checkpoint.progress import ProgressRecord
+from trainingrun.contract import parse_time, rfc3339
+from trainingrun.decide import reasons as R
+from trainingrun.decide.classify import End, Outcome
+
+MAX_ATTEMPTS = 20
+SIGKILL_EXIT = 137  # 128 + SIGKILL: the container runtime's exit code for a killed process
+
+
+# DisruptionTarget reasons of a node gone: the taint manager's for a node NotReady or
+# unreachable, the pod garbage collector's for a node deleted.
+NODE_GONE = frozenset({"DeletionByTaintManager", "DeletionByPodGC"})
+
+
+def kind_of(outcome: Outcome) -> str | None:
+    """The preemption kind an ending's lost steps count under; None for a success."""
+    if outcome.end is End.SUCCEEDED:
+        return None
+    if outcome.reason == R.PREEMPTION_NOTICE:
+        return "notice"
+    if outcome.reason in (R.NODE_DELETED, R.NODE_NOT_READY) or outcome.reason in NODE_GONE:
+        return "nodeLost"
+    if outcome.end is End.PREEMPTED:  # the Eviction API, the scheduler, the kubelet, a delete
+        return "eviction"
+    if outcome.reason == R.OOM_KILLED or outcome.exit_code == SIGKILL_EXIT:
+        return "sigkill"
+    return "other"
+
+
+def begun(status: TrainingRunStatus, resume_step: int | None, now: datetime) -> TrainingRunStatus:
+    """``status`` with a record of its attempt, whose pod was created at ``now``."""
+    attempts = [a for a in status.attempts if a.attempt != status.attempt]
+    record = AttemptRecord(attempt=status.attempt, resume_step=resume_step, created=rfc3339(now))
+    attempts = [*attempts, record][-MAX_ATTEMPTS:]
+    return status.model_copy(update={"attempts": attempts})
+
+
+def seen(status: TrainingRunStatus, record: ProgressRecord | None) -> TrainingRunStatus:
+    """``status`` with its current attempt's record updated from a progress record of that
+    attempt (another attempt's, or none, changes nothing)."""
+    current = _current(status)
+    if record is None or current is None or record.attempt != current.attempt:
+        return status
+    updated = current.model_copy(
+        update={
+            "first_step": record.first_step,
+            "first_step_time": rfc3339(_at(record.first_seen)),
+            "last_step": record.step,
+            "last_step_time": rfc3339(_at(record.observed)),
+        }
+    )
+    if updated == current:
+        return status
+    return status.model_copy(update={"attempts": [*status.attempts[:-1], updated]})
+
+
+def ended(
+    status: TrainingRunStatus,
+    outcome: Outcome,
+    committed: int | None,
+    created: datetime | None,
+    now: datetime,
+) -> TrainingRunStatus:
+    """``status`` (still naming the attempt that ended) with that attempt closed: its ending,
+    its kind, the steps it lost, and its time added to the settled totals."""
+    current = _current(status)
+    if current is None or current.ended is not None:
+        return status
+    kind = kind_of(outcome)
+    closed = current.model_copy(
+        update={
+            "ended": rfc3339(now),
+            "ending": outcome.reason,
+            "kind": kind,
+            "committed_step": committed,
+            "steps_lost": 0 if kind is None else lost_steps(current, committed),
+        }
+    )
+    ledger = status.goodput or _empty(now)
+    settled_at = parse_time(ledger.settled_at) or created
+    settled = _add(ledger.settled, _split(closed, settled_at, now, running=False))
+    lost = ledger.steps_lost
+    if kind is not None and closed.steps_lost:
+        field = {"nodeLost": "node_lost"}.get(kind, kind)
+        lost = lost.model_copy(update={field: getattr(lost, field) + closed.steps_lost})
+    ledger = ledger.model_copy(
+        update={"settled": settled, "settled_at": rfc3339(now), "steps_lost": lost}
+    )
+    attempts = [*status.attempts[:-1], closed]
+    return status.model_copy(update={"attempts": attempts, "goodput": ledger})
+
+
+def shown(
+    status: TrainingRunStatus, created: datetime | None, now: datetime, finished: bool
+) -> TrainingRunStatus:
+    """``status`` with the ledger's figures made at ``now`` (at the last attempt's end for a
+    finished run): the settled totals, plus the running attempt, or the wait since the last
+    one ended."""
+    if created is None:
+        return status
+    ledger = status.goodput or _empty(created)
+    settled_at = parse_time(ledger.settled_at) or created
+    until = settled_at if finished else max(now, settled_at)
+    totals = ledger.settled
+    current = _current(status)
+    if not finished:
+        if current is not None and current.ended is None:
+            totals = _add(totals, _split(current, settled_at, until, running=True))
+        else:
+            totals = _add(totals, LedgerTotals(waiting_seconds=_seconds(settled_at, until)))
+    wall = _seconds(created, until)
+    percent = round(min(100.0, 100.0 * totals.productive_seconds / wall), 1) if wall else None
+    figures = Goodput(
+        **totals.model_dump(),
+        wall_seconds=round(wall, 1),
+        percent=percent,
+        summary=None if percent is None else f"{percent:.0f}%",
+        steps_lost=ledger.steps_lost,
+        observed_at=rfc3339(until),
+        settled=ledger.settled,
+        settled_at=ledger.settled_at,
+    )
+    return status.model_copy(update={"goodput": figures})
+
+
+def lost_steps(record: AttemptRecord, committed: int | None) -> int:
+    """Steps ``record``'s attempt trained past the newest commit (or its resume step when it
+    committed nothing newer); 0 when its sidecar published no step."""
+    if record.last_step is None:
+        return 0
+    kept = max(committed or 0, record.resume_step or 0)
+    return max(0, record.last_step - kept)
+
+
+@dataclass(frozen=True)
+class _Times:
+    created: datetime
+    first: datetime | None
+    last: datetime | None
+
+
+def _split(
+    record: AttemptRecord, settled_at: datetime | None, end: datetime, running: bool
+) -> LedgerTotals:
+    """The time from the last settlement to ``end`` for the attempt of ``record``: waiting
+    before its pod, start-up, training (productive and lost) and its end after its last step."""
+    t = _times(record, end)
+    waiting = _seconds(settled_at, t.created) if settled_at is not None else 0.0
+    if t.first is None or t.last is None:  # no step seen: start-up all along
+        return LedgerTotals(waiting_seconds=waiting, startup_seconds=_seconds(t.created, end))
+    startup = _seconds(t.created, t.first)
+    if running:  # still training: its steps are kept until it ends
+        return LedgerTotals(
+            waiting_seconds=waiting,
+            startup_seconds=startup,
+            productive_seconds=_seconds(t.first, end),
+        )
+    training = _seconds(t.first, t.last)
+    made = (record.last_step or 0) - (record.first_step or 0)
+    lost = record.steps_lost or 0
+    lost_s = training if made <= 0 and lost else min(training, training * lost / max(made, 1))
+    tail = _seconds(t.last, end)
+    gone = record.kind == "nodeLost"
+    return LedgerTotals(
+        waiting_seconds=waiting,
+        startup_seconds=startup,
+        productive_seconds=training - lost_s,
+        lost_seconds=lost_s + (tail if gone else 0.0),
+        stall_seconds=0.0 if gone else tail,
+    )
+
+
+def _times(record: AttemptRecord, end: datetime) -> _Times:
+    """The record's times, each within [created, end] (the sidecar's clock is another
+    machine's)."""
+    created = min(parse_time(record.created) or end, end)
+
+    def within(value: str | None) -> datetime | None:
+        t = parse_time(value)
+        return None if t is None else min(max(t, created), end)
+
+    first, last = within(record.first_step_time), within(record.last_step_time)
+    if first is not None and last is not None and last < first:
+        last = first
+    return _Times(created, first, last)
+
+
+def _current(status: TrainingRunStatus) -> AttemptRecord | None:
+    if status.attempts and status.attempts[-1].attempt == status.attempt:
+        return status.attempts[-1]
+    return None
+
+
+def _empty(at: datetime) -> Goodput:
+    return Goodput(wall_seconds=0.0, observed_at=rfc3339(at))
+
+
+def _add(a: LedgerTotals, b: LedgerTotals) -> LedgerTotals:
+    return LedgerTotals(
+        productive_seconds=round(a.productive_seconds + b.productive_seconds, 3),
+        lost_seconds=round(a.lost_seconds + b.lost_seconds, 3),
+        startup_seconds=round(a.startup_seconds + b.startup_seconds, 3),
+        waiting_seconds=round(a.waiting_seconds + b.waiting_seconds, 3),
+        stall_seconds=round(a.stall_seconds + b.stall_seconds, 3),
+    )
+
+
+def _seconds(start: datetime | None, end: datetime | None) -> float:
+    if start is None or end is None:
+        return 0.0
+    return max(0.0, (end - start).total_seconds())
+
+
+def _at(unix: float) -> datetime:
+    return datetime.fromtimestamp(unix, UTC)

@@ -1,0 +1,258 @@
+"""The goodput ledger (``decide.goodput``): an attempt's record from its start, its progress
+records and its end; the kinds steps are lost under; the wall time split so that the parts add
+up to it; the totals kept whole past the last 20 attempts; and the ledger through ``plan()``.
+"""
+
+from __future__ import annotations
+
+import copy
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tests.unit.builders import NAMESPACE, PodBuilder, make_node
+from tests.unit.test_reconciler import RUN, World
+from trainingrun.api import AttemptRecord, TrainingRunStatus
+from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, encode
+from trainingrun.contract import rfc3339
+from trainingrun.decide import goodput
+from trainingrun.decide import reasons as R
+from trainingrun.decide.classify import End, Outcome
+
+T0 = datetime(2026, 11, 29, 12, 0, 0, tzinfo=UTC)
+
+
+def at(seconds: float) -> datetime:
+    return T0 + timedelta(seconds=seconds)
+
+
+def progress(attempt: int, first: int, first_s: float, step: int, step_s: float) -> ProgressRecord:
+    return ProgressRecord(
+        step=step,
+        attempt=attempt,
+        first_step=first,
+        first_seen=at(first_s).timestamp(),
+        observed=at(step_s).timestamp(),
+    )
+
+
+EVICTED = Outcome(End.PREEMPTED, R.DISRUPTION_TARGET, "evicted")
+SUCCEEDED = Outcome(End.SUCCEEDED, R.SUCCEEDED, "the trainer exited 0")
+
+
+@pytest.mark.parametrize(
+    ("outcome", "kind"),
+    [
+        pytest.param(SUCCEEDED, None, id="success"),
+        pytest.param(EVICTED, "eviction", id="eviction-api"),
+        pytest.param(Outcome(End.PREEMPTED, R.POD_DELETED, ""), "eviction", id="pod-deleted"),
+        pytest.param(
+            Outcome(End.PREEMPTED, "EvictionByEvictionAPI", ""), "eviction", id="eviction-api-r"
+        ),
+        pytest.param(
+            Outcome(End.PREEMPTED, "PreemptionByScheduler", ""), "eviction", id="scheduler"
+        ),
+        pytest.param(
+            Outcome(End.PREEMPTED, "DeletionByTaintManager", ""), "nodeLost", id="taint-manager"
+        ),
+        pytest.param(Outcome(End.PREEMPTED, "DeletionByPodGC", ""), "nodeLost", id="pod-gc"),
+        pytest.param(Outcome(End.PREEMPTED, R.PREEMPTION_NOTICE, ""), "notice", id="notice"),
+        pytest.param(Outcome(End.PREEMPTED, R.NODE_DELETED, ""), "nodeLost", id="node-deleted"),
+        pytest.param(Outcome(End.PREEMPTED, R.NODE_NOT_READY, ""), "nodeLost", id="not-ready"),
+        pytest.param(
+            Outcome(End.FAILED, R.TRAINER_ERROR, "", exit_code=137), "sigkill", id="exit-137"
+        ),
+        pytest.param(Outcome(End.FAILED, R.OOM_KILLED, "", exit_code=137), "sigkill", id="oom"),
+        pytest.param(Outcome(End.FAILED, R.TRAINER_ERROR, "", exit_code=1), "other", id="exit-1"),
+        pytest.param(Outcome(End.PAUSED, R.PAUSED, ""), "other", id="paused"),
+    ],
+)
+def test_kind_of(outcome: Outcome, kind: str | None) -> None:
+    assert goodput.kind_of(outcome) == kind
+
+
+@pytest.mark.parametrize(
+    ("last", "committed", "resume", "lost"),
+    [
+        pytest.param(30, 20, None, 10, id="past-the-last-commit"),
+        pytest.param(20, 20, None, 0, id="saved-at-its-last-step"),
+        pytest.param(25, None, None, 25, id="nothing-committed-from-scratch"),
+        pytest.param(25, 10, 20, 5, id="nothing-newer-than-its-resume"),
+        pytest.param(None, 20, None, 0, id="no-step-published"),
+        pytest.param(15, 20, None, 0, id="last-publish-older-than-the-commit"),
+    ],
+)
+def test_lost_steps(last: int | None, committed: int | None, resume: int | None, lost: int) -> None:
+    record = AttemptRecord(attempt=1, resume_step=resume, created="2026-11-29T12:00:00Z")
+    record = record.model_copy(update={"last_step": last})
+    assert goodput.lost_steps(record, committed) == lost
+
+
+def run_two_attempts(kind: Outcome) -> TrainingRunStatus:
+    """Created at 0; attempt 1's pod at 10, steps 1..31 seen from 20 to 80, ended at 85 with 20
+    committed; attempt 2's pod at 95 resuming 20, steps 21..61 from 100 to 160, success at 165."""
+    s = TrainingRunStatus(attempt=1)
+    s = goodput.begun(s, None, at(10))
+    s = goodput.seen(s, progress(1, 1, 20, 31, 80))
+    s = goodput.ended(s, kind, 20, T0, at(85))
+    s = s.model_copy(update={"attempt": 2})
+    s = goodput.begun(s, 20, at(95))
+    s = goodput.seen(s, progress(2, 21, 100, 61, 160))
+    s = goodput.ended(s, SUCCEEDED, 61, T0, at(165))
+    return goodput.shown(s, T0, at(170), finished=True)
+
+
+def test_the_parts_add_up_to_the_wall_time() -> None:
+    s = run_two_attempts(EVICTED)
+
+    g = s.goodput
+    assert g is not None
+    assert g.wall_seconds == 165.0  # to the last attempt's end, not to "now" (170)
+    parts = [
+        g.productive_seconds,
+        g.lost_seconds,
+        g.startup_seconds,
+        g.waiting_seconds,
+        g.stall_seconds,
+    ]
+    assert sum(parts) == pytest.approx(165.0, abs=0.01)
+    assert g.waiting_seconds == pytest.approx(20.0)  # 0-10 and 85-95
+    assert g.startup_seconds == pytest.approx(15.0)  # 10-20 and 95-100
+    assert g.stall_seconds == pytest.approx(10.0)  # 80-85 and 160-165
+    # attempt 1: 60 s for 30 steps, 11 of them (21..31) past the commit at 20
+    assert g.lost_seconds == pytest.approx(60.0 * 11 / 30, abs=0.01)
+    assert g.percent == pytest.approx(100 * g.productive_seconds / 165.0, abs=0.1)
+    assert g.steps_lost.eviction == 11
+    assert [a.steps_lost for a in s.attempts] == [11, 0]
+    assert [a.kind for a in s.attempts] == ["eviction", None]
+
+
+def test_a_lost_node_loses_its_end_too() -> None:
+    s = run_two_attempts(Outcome(End.PREEMPTED, R.NODE_NOT_READY, "gone"))
+
+    g = s.goodput
+    assert g is not None
+    assert g.steps_lost.node_lost == 11 and g.steps_lost.eviction == 0
+    assert g.stall_seconds == pytest.approx(5.0)  # the success's end only
+    assert g.lost_seconds == pytest.approx(60.0 * 11 / 30 + 5.0, abs=0.01)
+
+
+def test_a_running_attempt_counts_as_productive_until_it_ends() -> None:
+    s = TrainingRunStatus(attempt=1)
+    s = goodput.begun(s, None, at(10))
+    s = goodput.seen(s, progress(1, 1, 20, 31, 80))
+
+    g = goodput.shown(s, T0, at(100), finished=False).goodput
+
+    assert g is not None
+    assert (g.wall_seconds, g.waiting_seconds, g.startup_seconds) == (100.0, 10.0, 10.0)
+    assert g.productive_seconds == pytest.approx(80.0)
+    assert g.lost_seconds == 0.0 and g.steps_lost.eviction == 0
+
+
+def test_between_attempts_the_time_is_waiting() -> None:
+    s = TrainingRunStatus(attempt=1)
+    s = goodput.begun(s, None, at(10))
+    s = goodput.seen(s, progress(1, 1, 20, 31, 80))
+    s = goodput.ended(s, EVICTED, 20, T0, at(85))
+    s = s.model_copy(update={"attempt": 2})  # backoff: no pod yet
+
+    g = goodput.shown(s, T0, at(145), finished=False).goodput
+
+    assert g is not None
+    assert g.waiting_seconds == pytest.approx(10.0 + 60.0)
+
+
+def test_another_attempts_record_changes_nothing() -> None:
+    s = goodput.begun(TrainingRunStatus(attempt=2), 20, at(10))
+
+    assert goodput.seen(s, progress(1, 1, 20, 31, 80)) == s
+    assert goodput.seen(s, None) == s
+
+
+def test_an_attempt_ends_once() -> None:
+    s = goodput.begun(TrainingRunStatus(attempt=1), None, at(10))
+    s = goodput.seen(s, progress(1, 1, 20, 31, 80))
+    once = goodput.ended(s, EVICTED, 20, T0, at(85))
+
+    assert goodput.ended(once, EVICTED, 20, T0, at(99)) == once
+
+
+def test_a_sidecar_clock_ahead_or_behind_never_gives_negative_time() -> None:
+    s = goodput.begun(TrainingRunStatus(attempt=1), None, at(10))
+    s = goodput.seen(s, progress(1, 1, -50, 31, 500))  # before the pod, after the end
+    s = goodput.ended(s, EVICTED, 20, T0, at(85))
+    g = goodput.shown(s, T0, at(85), finished=True).goodput
+
+    assert g is not None
+    parts = [g.productive_seconds, g.lost_seconds, g.startup_seconds, g.waiting_seconds]
+    assert min([*parts, g.stall_seconds]) >= 0.0
+    assert sum(parts) + g.stall_seconds == pytest.approx(85.0, abs=0.01)
+
+
+def test_the_totals_stay_whole_past_the_last_20_attempts() -> None:
+    s = TrainingRunStatus(attempt=1)
+    for n in range(1, 31):  # 30 attempts of 10 s each, 5 steps lost each
+        s = s.model_copy(update={"attempt": n})
+        start = (n - 1) * 10
+        s = goodput.begun(s, None, at(start))
+        s = goodput.seen(s, progress(n, 1, start + 1, 11, start + 9))
+        s = goodput.ended(s, EVICTED, 6, T0, at(start + 10))
+    g = goodput.shown(s, T0, at(300), finished=True).goodput
+
+    assert [a.attempt for a in s.attempts] == list(range(11, 31))
+    assert g is not None
+    assert g.steps_lost.eviction == 30 * 5
+    assert g.wall_seconds == 300.0
+    assert g.startup_seconds == pytest.approx(30.0)
+
+
+# -- through the reconciler ----------------------------------------------------------------------
+
+
+def test_the_ledger_through_the_reconciler_an_eviction_then_the_resume() -> None:
+    w = World()
+    run = w.kube.runs[(NAMESPACE, RUN)]
+    run["metadata"]["creationTimestamp"] = rfc3339(w.clock.now())
+    w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(run))
+    created = w.clock.now()
+    key = w.location.key(PROGRESS_RECORD)
+
+    def publish(step: int, first_at: float) -> None:
+        t = w.clock.now().timestamp()
+        record = ProgressRecord(step, 1, 1, created.timestamp() + first_at, t, total_steps=100)
+        w.bucket.put(key, encode(record))
+
+    w.clock.advance(5)
+    w.reconcile()  # attempt 1's pod, 5 s after the run was created
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    w.clock.advance(60)
+    publish(25, first_at=15)
+    w.reconcile()
+    first = w.status()["attempts"][0]
+    assert (first["attempt"], first["firstStep"], first["lastStep"]) == (1, 1, 25)
+    assert w.status()["goodput"]["waitingSeconds"] == 5.0
+
+    w.bucket.commit(w.location, 10, 20)
+    w.clock.advance(10)  # within the minute: only the attempt's end reads the record again
+    publish(31, first_at=15)  # the sidecar's last word: the trainer reached step 31
+    w.report(
+        PodBuilder.of(w.pod("r1-1"))
+        .phase("Failed")
+        .condition("DisruptionTarget", reason="EvictionByEvictionAPI")
+    )
+    w.reconcile()
+
+    status = w.status()
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    ended, resumed = status["attempts"]
+    assert (ended["kind"], ended["committedStep"], ended["lastStep"]) == ("eviction", 20, 31)
+    assert ended["stepsLost"] == 11
+    assert (resumed["attempt"], resumed["resumeStep"], resumed.get("ended")) == (2, 20, None)
+    g = status["goodput"]
+    assert g["stepsLost"]["eviction"] == 11
+    parts = ("productive", "lost", "startup", "waiting", "stall")
+    assert sum(g[f"{k}Seconds"] for k in parts) == pytest.approx(g["wallSeconds"], abs=1.0)
+    assert g["wallSeconds"] == 75.0
+    assert w.bucket.gets.count(key) == 2
