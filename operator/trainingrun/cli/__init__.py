@@ -78,12 +78,16 @@ def _operator(args: argparse.Namespace) -> int:
     _logging(args.verbose)
     if not args.verbose:  # kopf logs every handler call at INFO
         logging.getLogger("kopf").setLevel(logging.WARNING)
-    if args.metrics_port:
-        from prometheus_client import REGISTRY, start_http_server
+    from prometheus_client import REGISTRY, start_http_server
 
+    from trainingrun.operator.metrics import LeaderFlag
+
+    leader = LeaderFlag(REGISTRY)  # 0 while waiting for the Lease: a standby's scrape says so
+    if args.metrics_port:
         start_http_server(args.metrics_port, args.metrics_address, registry=REGISTRY)
     if args.leader_lease:
         _lead(args.leader_lease, args.liveness or None)
+    leader.leading()
     kopf.run(
         clusterwide=not args.namespace,
         namespaces=args.namespace or (),

@@ -50,6 +50,12 @@ class Operator:
         self.reconciler = Reconciler(kube, stores, self.events, self.metrics, settings)
         self.metrics.count_runs_with(self.reconciler.view.phases)
         self.metrics.count_lingering_with(self.reconciler.old_pods.lingering)
+        if settings.run_metrics:
+            runs, keep = (
+                self.reconciler.view.runs.values,
+                settings.run_metrics_keep_finished_seconds,
+            )
+            self.metrics.export_runs_with(runs, keep)
         self.scheduler = Scheduler(
             self.run_pass,
             self.reconciler.view.runs.keys,

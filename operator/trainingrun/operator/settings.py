@@ -29,6 +29,10 @@ the first event. The chart sets these variables from its values (charts/training
   with StorageNotAllowed.
 - TRAININGRUN_ALLOWED_URIS (none: any): the prefixes runs' storage.uri must start with,
   comma-separated s3://, gs:// or az:// URIs (the admin's base paths).
+- TRAININGRUN_RUN_METRICS (on): export per-run metrics (``trainingrun_run_*``) from the cache at
+  scrape time: on or off.
+- TRAININGRUN_RUN_METRICS_KEEP_FINISHED_SECONDS (3600): how long a run that ended stays in them;
+  0 exports only unfinished runs.
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ from trainingrun.decide.storagepolicy import bad_allowlist_entries
 
 PULL_POLICIES = ("Always", "IfNotPresent", "Never")
 METRICS_MODES = ("loopback", "pod", "off")
+SWITCH = {"on": True, "off": False}
 RESOURCE_SECTIONS = ("requests", "limits")
 # A Kubernetes resource quantity (apimachinery's resource.Quantity): 100m, 512Mi, 1.5, 2e3.
 QUANTITY = re.compile(
@@ -93,6 +98,11 @@ class OperatorSettings:
     # The admin's allowlists of storage endpoints and uri prefixes (empty: any).
     allowed_endpoints: tuple[str, ...] = ()
     allowed_uris: tuple[str, ...] = ()
+    # Per-run metrics at scrape time (up to 24 series a run); off for a fleet whose Prometheus
+    # should not carry them.
+    run_metrics: bool = True
+    # A run that ended stays in them this long, so its final figures are scraped, then drops out.
+    run_metrics_keep_finished_seconds: float = 3600.0
 
     @property
     def notice_taints(self) -> tuple[str, ...]:
@@ -130,7 +140,23 @@ class OperatorSettings:
             ),
             allowed_endpoints=endpoints,
             allowed_uris=uris,
+            run_metrics=_switch(env, "TRAININGRUN_RUN_METRICS", cls.run_metrics),
+            run_metrics_keep_finished_seconds=_number(
+                env,
+                "TRAININGRUN_RUN_METRICS_KEEP_FINISHED_SECONDS",
+                cls.run_metrics_keep_finished_seconds,
+                minimum=0,
+            ),
         )
+
+
+def _switch(env: Mapping[str, str], name: str, default: bool) -> bool:
+    raw = env.get(name, "").strip().lower()
+    if not raw:
+        return default
+    if raw not in SWITCH:
+        raise ConfigurationError(f"{name}={raw!r} must be on or off")
+    return SWITCH[raw]
 
 
 def _list(env: Mapping[str, str], name: str) -> tuple[str, ...]:
