@@ -134,6 +134,9 @@ ENV_TERMINATION_LOG = "TRAININGRUN_TERMINATION_LOG"
 # denied before it exits (the kubelet restarts it with the Secret's current keys).
 ENV_MEMORY_BUDGET_MB = "TRAININGRUN_MEMORY_BUDGET_MB"
 ENV_ACCESS_DENIED_SECONDS = "TRAININGRUN_ACCESS_DENIED_SECONDS"
+# How often at most rank 0's sidecar publishes the trainer's progress (the operator's
+# TRAININGRUN_PROGRESS_REFRESH_SECONDS: it reads no more often).
+ENV_PROGRESS_SECONDS = "TRAININGRUN_PROGRESS_SECONDS"
 
 # The standard AWS variables the agents' S3 client reads; credentials by secretKeyRef only.
 ENV_AWS_ENDPOINT_URL = "AWS_ENDPOINT_URL"

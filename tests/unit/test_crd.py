@@ -429,6 +429,7 @@ def test_printer_columns() -> None:
         "ETA",
         "Age",
         "Step",
+        "Goodput",
         "Replicas",
         "Format",
         "Reason",
@@ -437,6 +438,7 @@ def test_printer_columns() -> None:
     priorities = {c["name"]: c.get("priority", 0) for c in columns}
     assert {name for name, p in priorities.items() if p == 1} == {
         "Step",
+        "Goodput",
         "Replicas",
         "Format",
         "Reason",

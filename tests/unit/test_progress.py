@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.unit.builders import make_run
 from tests.unit.fakes import DictStore
 from trainingrun.agent.progress import ProgressPublisher, start_publishing
 from trainingrun.api import TrainingRunStatus
@@ -37,7 +38,10 @@ from trainingrun.checkpoint.progress import (
     decode,
     encode,
 )
+from trainingrun.contract import ENV_PROGRESS_SECONDS, SYNC_CONTAINER
+from trainingrun.decide.pod import build_pod
 from trainingrun.decide.progress import duration, marked, shown
+from trainingrun.operator.settings import OperatorSettings
 from trainingrun.storage.opener import Location, StorageUnavailable
 
 T = 1_800_000_000.0  # the sidecar's clock, Unix seconds
@@ -358,3 +362,27 @@ def test_inactive_publisher_puts_nothing(tmp_path: Path) -> None:
     stopping.set()
     thread.join(5)
     assert KEY not in store.objects
+
+
+@pytest.mark.parametrize(
+    ("env", "shown"), [({}, "60"), ({"TRAININGRUN_PROGRESS_REFRESH_SECONDS": "5"}, "5")]
+)
+def test_the_sidecar_publishes_as_often_as_the_operator_reads(
+    env: dict[str, str], shown: str
+) -> None:
+    agent = OperatorSettings.from_env(env).agent
+    pod = build_pod(make_run("r1").ref(), 1, None, agent, epoch=1)
+
+    sync = next(c for c in pod["spec"]["initContainers"] if c["name"] == SYNC_CONTAINER)
+    assert {e["name"]: e.get("value") for e in sync["env"]}[ENV_PROGRESS_SECONDS] == shown
+
+
+def test_the_last_word_is_put_whatever_the_interval() -> None:
+    store = DictStore()
+    clock = Ticking()
+    pub = publisher(store, clock)
+    assert pub.check(local.Progress(step=10, max_steps=None))
+    clock.t += 5  # within the minute: a check puts nothing, the last word does
+    assert not pub.check(local.Progress(step=12, max_steps=None))
+    assert pub.final(local.Progress(step=13, max_steps=None))
+    assert decode(store.objects[pub.key]).step == 13

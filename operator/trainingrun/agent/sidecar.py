@@ -78,6 +78,7 @@ class SyncSettings:
     pattern: layouts.Pattern | None = None
     # Nothing but access denied this long: exit for a restart that reads the credentials again.
     access_denied_seconds: float = 300.0
+    progress_seconds: float = 60.0  # how often at most rank 0 publishes the trainer's progress
     termination_log: Path | None = Path("/dev/termination-log")
 
 

@@ -407,7 +407,9 @@ def main(
     observer = watch(settings.checkpoint_dir, sync.wake)
     publisher = None
     if settings.rank == 0:  # a gang's ranks train in step: rank 0 speaks for them
-        publisher = ProgressPublisher(store, settings.run, settings.attempt)
+        publisher = ProgressPublisher(
+            store, settings.run, settings.attempt, interval=settings.progress_seconds
+        )
         start_publishing(publisher, settings.checkpoint_dir, sync.stopping, sync.publishing)
     log.info(
         "sync: watching %s%s, committing to s3://%s/%s (keep %d)",

@@ -246,6 +246,7 @@ def _sync(args: argparse.Namespace, env: Mapping[str, str] = os.environ) -> int:
             rank=int(_number(env, c.ENV_RANK, "0")),
             ranks=int(_number(env, c.ENV_RANKS, "1", minimum=1)),
             access_denied_seconds=_number(env, c.ENV_ACCESS_DENIED_SECONDS, "300", minimum=1),
+            progress_seconds=_number(env, c.ENV_PROGRESS_SECONDS, "60", minimum=1),
             termination_log=Path(_env(env, c.ENV_TERMINATION_LOG, "/dev/termination-log")),
             **_layout(env),
         )

@@ -60,6 +60,8 @@ class AgentSettings:
     access_denied_seconds: int = 300
     # The cluster's DNS domain: a gang's master address is rank 0's fully qualified name in it.
     cluster_domain: str = CLUSTER_DOMAIN
+    # How often at most rank 0's sidecar publishes the trainer's progress.
+    progress_seconds: float = 60.0
     resources: dict[str, Any] = field(
         default_factory=lambda: {
             "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -295,6 +297,7 @@ def build_pod(
         _env(c.ENV_EPOCH, str(epoch)),
         _env(c.ENV_PODINFO_DIR, c.PODINFO_DIR),
         _env(c.ENV_ACCESS_DENIED_SECONDS, str(settings.access_denied_seconds)),
+        _env(c.ENV_PROGRESS_SECONDS, f"{settings.progress_seconds:g}"),
         # The sidecar is stopped after the trainer, within the same grace period.
         _env(
             c.ENV_DRAIN_SECONDS,

@@ -248,6 +248,10 @@ def _agent_settings(env: Mapping[str, str]) -> AgentSettings:
                 whole=True,
             )
         ),
+        # The sidecars publish progress as often as the operator reads it, no more.
+        progress_seconds=_seconds(
+            env, "TRAININGRUN_PROGRESS_REFRESH_SECONDS", AgentSettings.progress_seconds
+        ),
     )
     resources = _resources(env, "TRAININGRUN_AGENT_RESOURCES")
     if resources is not None:
