@@ -59,6 +59,11 @@ tools: ## Build the control plane binaries and kwok from Go modules (cached unde
 	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build the control plane"; exit 1; }
 	bash hack/build-tools.sh
 
+.PHONY: promtool
+promtool: ## Build promtool (Prometheus' rule and metrics checker, for the chart's monitoring tests) from its Go module, cached under ~/.cache/trainingrun
+	@command -v go >/dev/null || { echo "Go >= 1.26 is needed to build promtool"; exit 1; }
+	bash hack/build-promtool.sh
+
 emulators: ## Build fake-gcs-server and MinIO (Go modules) and install Azurite (npm), cached under ~/.cache/trainingrun
 	bash hack/build-fake-gcs.sh
 	bash hack/build-minio.sh
@@ -124,14 +129,14 @@ verify: lint typecheck layers hadolint crds chart-crds api-docs chart-readme ## 
 		echo "make verify has regenerated the file(s) above: review with 'git diff' and commit"; \
 		exit 1; } >&2
 
-check: verify ## For every change, in about 3 minutes: make verify, then the unit and chart tests (no cluster)
+check: verify promtool ## For every change, in about 3 minutes: make verify, then the unit and chart tests (no cluster)
 	$(BIN)/pytest tests/unit tests/chart -n 2 -q
 
 format: venv ## Format and fix what ruff can (the same rules make lint checks)
 	$(BIN)/ruff format operator tests examples
 	$(BIN)/ruff check --fix operator tests examples
 
-test: verify tools emulators bench-tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
+test: verify tools promtool emulators bench-tools lightning-env composer-env mindformers-env ## Everything CI runs: verify, then unit, integration and e2e tests (with the trainer stacks)
 	$(BIN)/pytest tests -n 2 --dist loadscope --durations=40 -m "not realnode"
 
 test-real-node: venv tools images node-tools ## The e2e tier on a real kubelet and containerd (builds the node's tools and the images first)

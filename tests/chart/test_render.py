@@ -6,7 +6,8 @@
   into env and args;
 - RBAC: exactly the grants the operator needs (tests/chart/rbac.py), framework and application
   rules apart, never ``*``, cluster-wide and namespaced modes;
-- the kopf peering object and its CRDs, the metrics Service and the optional ServiceMonitor;
+- the kopf peering object and its CRDs, the metrics Service, and the ServiceMonitor refused
+  without it (the monitoring objects themselves: tests/chart/test_monitoring.py);
 - generated files: the CRD copy and README.md are fresh, and every value is documented.
 """
 
@@ -376,23 +377,6 @@ def test_metrics_service_selects_the_operator_pod(helm: Path) -> None:
     assert service["spec"]["ports"] == [
         {"name": "metrics", "port": 9191, "targetPort": "metrics", "protocol": "TCP"}
     ]
-
-
-def test_service_monitor_off_by_default_and_on_when_asked(helm: Path) -> None:
-    assert not of_kind(template(helm), "ServiceMonitor")
-    values = {
-        "metrics": {
-            "serviceMonitor": {"enabled": True, "interval": "15s", "labels": {"release": "prom"}}
-        }
-    }
-    objects = template(helm, values)
-    monitor = only(objects, "ServiceMonitor")
-    assert monitor["metadata"]["labels"]["release"] == "prom"
-    assert monitor["spec"]["endpoints"] == [
-        {"port": "metrics", "path": "/metrics", "interval": "15s"}
-    ]
-    service_labels = only(objects, "Service")["metadata"]["labels"]
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service_labels.items()
 
 
 def test_service_monitor_without_the_service_is_refused(helm: Path) -> None:
