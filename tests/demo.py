@@ -20,8 +20,11 @@ applies ``examples/trainingrun-finetune.yaml`` pointed at the local bucket, on o
 Once a checkpoint is committed to the bucket manifest it evicts the pod through the Eviction API,
 as a spot reclaim does: the node's kubelet delivers SIGTERM, the trainer saves at its next step
 end and exits 143, the sidecar commits that save, and ``kubectl get trainingruns`` shows the run
-resume from it and succeed. The environment stays up afterwards; ``make cluster-down`` removes it
-(the real node with it).
+resume from it and succeed. Along the way it shows the run's Progress and ETA (the operator
+reads progress every 5 s here, every minute by default), says how far off the ETA shown after
+the resume was from the time the trainer then took, and prints the goodput ledger and the
+attempts' timeline (``trainingrun status``). The environment stays up afterwards;
+``make cluster-down`` removes it (the real node with it).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from kubernetes import client, config
 from tests import localenv, localnode
 from tests.integration.support import Runs, credentials_secret, wait_for
 from tests.podrunner import RunnerHandle, placement, running_runner, start_runner
+from trainingrun.contract import parse_time
 
 REPO = Path(__file__).resolve().parent.parent
 EXAMPLE = REPO / "examples" / "trainingrun-finetune.yaml"
@@ -48,14 +52,13 @@ NAMESPACE = "demo"
 NODE = "demo-runner"  # the pod runner node of --node podrunner
 # The agent image the operator injects on the real node (make images), never pulled.
 AGENT_IMAGE = "ghcr.io/trainingrun/agent:dev"
-MAX_STEPS, SAVE_STEPS, STEP_DELAY = 60, 10, 0.25
+MAX_STEPS, SAVE_STEPS, STEP_DELAY = 100, 10, 0.25
 # The real node's trainer takes 0.03 s a step (the pod runner's, 0.1-0.3 s, on a loaded machine):
 # the example's own 0.5 s leaves room to evict the pod after checkpoint 20 and before the end.
 REAL_STEP_DELAY = 0.5
-# The trainer's user on the real node: the example image has no USER (root), and transformers
-# writes model.safetensors 0600, which the agents (the agent image's uid 65532) cannot read. A
-# runAsUser in the template makes the agents run as the trainer does.
-TRAINER_UID = 1000
+# The operator reads progress, and the sidecars publish it, every 5 s instead of every minute:
+# the demo's attempts last less than a minute.
+OPERATOR_SETTINGS = {"TRAININGRUN_PROGRESS_REFRESH_SECONDS": "5"}
 # The preemption comes once this checkpoint is committed: the resume has something to start from.
 PREEMPT_AFTER_STEP = 20
 # The manifest as applied, kept in the environment's folder ($TRAININGRUN_ENV_DIR) to start more
@@ -107,8 +110,7 @@ def demo_run(env: localenv.LocalEnv, prefix: str, node: str) -> dict[str, Any]:
     ]
     trainer["env"] = []
     if real:
-        trainer["imagePullPolicy"] = "Never"
-        trainer["securityContext"] = {"runAsUser": TRAINER_UID, "runAsGroup": TRAINER_UID}
+        trainer["imagePullPolicy"] = "Never"  # the example's user as it is: its image's, root
         trainer["env"] = [{"name": "HOME", "value": "/tmp"}]  # caches of torch and transformers
     else:
         trainer["workingDir"] = str(REPO)
@@ -162,6 +164,31 @@ def trainer_ending(core: client.CoreV1Api, pod: str, timeout_s: float = 120) -> 
     return seen
 
 
+def _eta_of(attempt: int) -> Any:
+    def has(status: dict[str, Any]) -> bool:
+        progress = status.get("progress") or {}
+        return progress.get("attempt") == attempt and progress.get("etaSeconds") is not None
+
+    return has
+
+
+def eta_check(progress: dict[str, Any], final: dict[str, Any]) -> str:
+    """The ETA shown after the resume against the time the trainer then took to its last step
+    (the last attempt's ``lastStepTime`` in the goodput ledger)."""
+    seen = parse_time(progress["observedAt"])
+    last = (final.get("attempts") or [{}])[-1].get("lastStepTime")
+    end = parse_time(last)
+    if seen is None or end is None:
+        return "ETA after the resume: the last step's time is not in the ledger"
+    took = (end - seen).total_seconds()
+    error = abs(progress["etaSeconds"] - took) / took * 100 if took > 0 else float("inf")
+    return (
+        f"ETA after the resume: {progress['etaSeconds']} s at step {progress['step']} "
+        f"(observed {progress['observedAt']}); the trainer took {took:.0f} s more to its last "
+        f"step: {error:.0f}% off"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.demo", description=__doc__)
     parser.add_argument("--node", choices=["real", "podrunner"], default="podrunner")
@@ -175,11 +202,15 @@ def main(argv: list[str] | None = None) -> int:
     if node == "real":
         localenv.start_operator(
             env,
-            {"TRAININGRUN_AGENT_IMAGE": AGENT_IMAGE, "TRAININGRUN_AGENT_PULL_POLICY": "Never"},
+            {
+                **OPERATOR_SETTINGS,
+                "TRAININGRUN_AGENT_IMAGE": AGENT_IMAGE,
+                "TRAININGRUN_AGENT_PULL_POLICY": "Never",
+            },
         )
         where = f"real node {env.real_node}, images {AGENT_IMAGE} and the example's"
     else:
-        localenv.start_operator(env)
+        localenv.start_operator(env, OPERATOR_SETTINGS)
         ensure_runner(env)
         where = f"pod runner node {NODE}"
     print(f"environment up after {time.monotonic() - started:.0f} s ({where})", flush=True)
@@ -232,6 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     say(f"the sync sidecar committed checkpoints {committed_steps(s3, env.bucket, run_key)}")
     user_command(env, "checkpoints", "list", name, "-n", NAMESPACE)
+    runs.wait_status(name, lambda s: (s.get("progress") or {}).get("step"), 60, "progress shown")
+    show_runs(env)  # Progress, and the ETA once the attempt has a rate
 
     say(f"preemption: evicting pod {name}-1 through the Eviction API (as a spot reclaim does)")
     core.create_namespaced_pod_eviction(
@@ -253,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
             "the next step end and the sidecar committed it before the pod ended)",
             flush=True,
         )
+    eta = runs.wait_status(name, _eta_of(2), 120, "attempt 2's ETA")["progress"]
     show_runs(env)
 
     final = runs.wait_status(
@@ -260,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     say(f"the run ended: {final.get('phase')}")
     show_runs(env)
+    print(eta_check(eta, final), flush=True)
+    say("the goodput ledger: where the run's time went, and the attempts")
     user_command(env, "status", name, "-n", NAMESPACE)
     # This run's Events only: an earlier demo's run of the same name has Events of its own.
     uid = runs.get(name)["metadata"]["uid"]
