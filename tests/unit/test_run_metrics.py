@@ -1,8 +1,8 @@
 """The per-run metrics (``RunCollector``) and the leader flag, on a private registry.
 
 Covers: every per-run series of a run whose status has every field, with its value (24 series:
-the count docs/operations.md gives); a status without progress, checkpoint or goodput exports
-only what it has; malformed figures (text, NaN, a bad time) export nothing rather than raise;
+the count docs/operations.md gives), also from the status as the API's models write it; a
+status without progress, checkpoint or goodput exports only what it has; malformed figures (text, NaN, a bad time) export nothing rather than raise;
 the goodput ratio from ``percent`` when ``ratio`` is absent; the ETA counts down from the
 progress observation; a finished run stays ``keep_finished_seconds`` after it ended, then drops
 out, and with 0 only unfinished runs are exported; an unknown phase is one label value; the
@@ -20,12 +20,22 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests.chart.monitoring import full_run
+from trainingrun.api import (
+    CheckpointRef,
+    Condition,
+    Goodput,
+    RestartPolicySpec,
+    RunProgress,
+    StepsLost,
+    TrainingRunStatus,
+)
 from trainingrun.operator.metrics import LeaderFlag, OperatorMetrics
 from trainingrun.operator.settings import ConfigurationError, OperatorSettings
 
 # A minute after the full run's progress and goodput were observed.
 NOW = datetime(2026, 11, 29, 10, 6, 0, tzinfo=UTC).timestamp()
 WHERE = {"namespace": "team-a", "run": "llm-7b"}
+STARTED = "2026-11-29T09:00:00Z"
 
 
 def registry_of(runs: list[dict[str, Any]], keep: float = 3600, now: float = NOW) -> Any:
@@ -86,6 +96,49 @@ def test_a_run_with_every_field_exports_24_series_with_their_values() -> None:
         (name, tuple(sorted({**WHERE, **labels}.items()))): v for name, labels, v in expected
     }
     assert len(series) == 24
+
+
+def test_the_status_the_api_writes_exports_every_series() -> None:
+    """The status as the operator writes it (the API's models, dumped as in the object), not a
+    hand-written dict: a field renamed in the API would drop its series here."""
+    status = TrainingRunStatus(
+        phase="Running",
+        restarts=1,
+        preemptions=2,
+        conditions=[
+            Condition(type="Running", status="True", reason="Resumed", last_transition_time=STARTED)
+        ],
+        latest_checkpoint=CheckpointRef(step=400, uri="s3://b/x", time="2026-11-29T10:00:00Z"),
+        progress=RunProgress(
+            step=480,
+            total_steps=1000,
+            percent=48.0,
+            steps_per_second=2.5,
+            eta_seconds=208,
+            summary="48%",
+            attempt=3,
+            observed_at="2026-11-29T10:05:00Z",
+        ),
+        goodput=Goodput(
+            wall_seconds=7200,
+            productive_seconds=6000,
+            percent=83.3,
+            steps_lost=StepsLost(eviction=10, node_lost=5),
+            observed_at="2026-11-29T10:05:00Z",
+        ),
+    )
+    spec = {"restartPolicy": RestartPolicySpec(max_restarts=5).model_dump(by_alias=True)}
+    run = {
+        "metadata": {"namespace": "team-a", "name": "llm-7b"},
+        "spec": spec,
+        "status": status.model_dump(by_alias=True, mode="json"),
+    }
+    registry = registry_of([run])
+
+    assert len(run_series(registry)) == 24
+    assert value(registry, "trainingrun_run_goodput_ratio") == pytest.approx(0.833)
+    assert value(registry, "trainingrun_run_steps_lost_total", preemption="node_lost") == 5
+    assert value(registry, "trainingrun_run_restart_budget") == 5
 
 
 def test_a_new_run_exports_its_phase_counts_and_budget_only() -> None:
