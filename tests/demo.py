@@ -52,7 +52,7 @@ NAMESPACE = "demo"
 NODE = "demo-runner"  # the pod runner node of --node podrunner
 # The agent image the operator injects on the real node (make images), never pulled.
 AGENT_IMAGE = "ghcr.io/trainingrun/agent:dev"
-MAX_STEPS, SAVE_STEPS, STEP_DELAY = 100, 10, 0.25
+MAX_STEPS, SAVE_STEPS, STEP_DELAY = 150, 10, 0.25
 # The real node's trainer takes 0.03 s a step (the pod runner's, 0.1-0.3 s, on a loaded machine):
 # the example's own 0.5 s leaves room to evict the pod after checkpoint 20 and before the end.
 REAL_STEP_DELAY = 0.5

@@ -12,7 +12,7 @@ def test_the_goodput_line_says_where_the_time_went() -> None:
 
     line = ledger.goodput_line(status["goodput"])
 
-    assert line.startswith("59% of 2m45s: productive 1m38s, lost 22s, start-up 15s, waiting 20s,")
+    assert line.startswith("62% of 2m45s: productive 1m41s, lost 22s, start-up 11s, waiting 20s,")
     assert "checkpoint stall 10s; steps lost: eviction 11 (at 2026-11-29T12:02:45Z)" in line
     assert ledger.goodput_line({}) == ""
 

@@ -117,10 +117,11 @@ def test_the_parts_add_up_to_the_wall_time() -> None:
     ]
     assert sum(parts) == pytest.approx(165.0, abs=0.01)
     assert g.waiting_seconds == pytest.approx(20.0)  # 0-10 and 85-95
-    assert g.startup_seconds == pytest.approx(15.0)  # 10-20 and 95-100
+    # 10-20 and 95-100, less the first step of each, made before its sidecar first saw one
+    assert g.startup_seconds == pytest.approx(8.0 + 3.5)
     assert g.stall_seconds == pytest.approx(10.0)  # 80-85 and 160-165
-    # attempt 1: 60 s for 30 steps, 11 of them (21..31) past the commit at 20
-    assert g.lost_seconds == pytest.approx(60.0 * 11 / 30, abs=0.01)
+    # attempt 1: 2 s a step (60 s for steps 2..31), 11 of its 31 steps past the commit at 20
+    assert g.lost_seconds == pytest.approx(62.0 * 11 / 31, abs=0.01)
     assert g.percent == pytest.approx(100 * g.productive_seconds / 165.0, abs=0.1)
     assert g.steps_lost.eviction == 11
     assert [a.steps_lost for a in s.attempts] == [11, 0]
@@ -134,7 +135,7 @@ def test_a_lost_node_loses_its_end_too() -> None:
     assert g is not None
     assert g.steps_lost.node_lost == 11 and g.steps_lost.eviction == 0
     assert g.stall_seconds == pytest.approx(5.0)  # the success's end only
-    assert g.lost_seconds == pytest.approx(60.0 * 11 / 30 + 5.0, abs=0.01)
+    assert g.lost_seconds == pytest.approx(62.0 * 11 / 31 + 5.0, abs=0.01)
 
 
 def test_a_running_attempt_counts_as_productive_until_it_ends() -> None:
@@ -145,8 +146,8 @@ def test_a_running_attempt_counts_as_productive_until_it_ends() -> None:
     g = goodput.shown(s, T0, at(100), finished=False).goodput
 
     assert g is not None
-    assert (g.wall_seconds, g.waiting_seconds, g.startup_seconds) == (100.0, 10.0, 10.0)
-    assert g.productive_seconds == pytest.approx(80.0)
+    assert (g.wall_seconds, g.waiting_seconds, g.startup_seconds) == (100.0, 10.0, 8.0)
+    assert g.productive_seconds == pytest.approx(82.0)  # step 1 (2 s) before it was seen
     assert g.lost_seconds == 0.0 and g.steps_lost.eviction == 0
 
 
@@ -204,7 +205,7 @@ def test_the_totals_stay_whole_past_the_last_20_attempts() -> None:
     assert g is not None
     assert g.steps_lost.eviction == 30 * 5
     assert g.wall_seconds == 300.0
-    assert g.startup_seconds == pytest.approx(30.0)
+    assert g.startup_seconds == pytest.approx(30 * 0.2)  # 1 s each, less step 1's 0.8 s
 
 
 # -- through the reconciler ----------------------------------------------------------------------
@@ -256,3 +257,14 @@ def test_the_ledger_through_the_reconciler_an_eviction_then_the_resume() -> None
     assert sum(g[f"{k}Seconds"] for k in parts) == pytest.approx(g["wallSeconds"], abs=1.0)
     assert g["wallSeconds"] == 75.0
     assert w.bucket.gets.count(key) == 2
+
+
+def test_an_end_at_a_fraction_of_a_second_still_adds_up() -> None:
+    s = goodput.begun(TrainingRunStatus(attempt=1), None, at(10))
+    s = goodput.seen(s, progress(1, 1, 20, 31, 80))
+    s = goodput.ended(s, SUCCEEDED, 31, T0, at(85.7))
+    g = goodput.shown(s, T0, at(86.2), finished=True).goodput
+
+    assert g is not None
+    parts = [g.productive_seconds, g.lost_seconds, g.startup_seconds, g.waiting_seconds]
+    assert sum(parts) + g.stall_seconds == pytest.approx(g.wall_seconds, abs=0.001)

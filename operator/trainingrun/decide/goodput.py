@@ -102,6 +102,7 @@ def ended(
     current = _current(status)
     if current is None or current.ended is not None:
         return status
+    now = parse_time(rfc3339(now)) or now  # whole seconds, as every time of the ledger
     kind = kind_of(outcome)
     closed = current.model_copy(
         update={
@@ -184,15 +185,21 @@ def _split(
     waiting = _seconds(settled_at, t.created) if settled_at is not None else 0.0
     if t.first is None or t.last is None:  # no step seen: start-up all along
         return LedgerTotals(waiting_seconds=waiting, startup_seconds=_seconds(t.created, end))
-    startup = _seconds(t.created, t.first)
+    made = (record.last_step or 0) - (record.first_step or 0)
+    per_step = _seconds(t.first, t.last) / made if made > 0 else 0.0
+    # The sidecar sees the trainer every few seconds: the steps made before it first saw one
+    # (from the resume step) were training, at the attempt's rate, not start-up.
+    unseen = max(0, (record.first_step or 0) - (record.resume_step or 0))
+    early = min(_seconds(t.created, t.first), unseen * per_step)
+    startup = _seconds(t.created, t.first) - early
     if running:  # still training: its steps are kept until it ends
         return LedgerTotals(
             waiting_seconds=waiting,
             startup_seconds=startup,
-            productive_seconds=_seconds(t.first, end),
+            productive_seconds=early + _seconds(t.first, end),
         )
-    training = _seconds(t.first, t.last)
-    made = (record.last_step or 0) - (record.first_step or 0)
+    training = early + _seconds(t.first, t.last)
+    made += unseen
     lost = record.steps_lost or 0
     lost_s = training if made <= 0 and lost else min(training, training * lost / max(made, 1))
     tail = _seconds(t.last, end)
