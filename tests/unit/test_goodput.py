@@ -6,6 +6,7 @@ up to it; the totals kept whole past the last 20 attempts; and the ledger throug
 from __future__ import annotations
 
 import copy
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -268,3 +269,106 @@ def test_an_end_at_a_fraction_of_a_second_still_adds_up() -> None:
     assert g is not None
     parts = [g.productive_seconds, g.lost_seconds, g.startup_seconds, g.waiting_seconds]
     assert sum(parts) + g.stall_seconds == pytest.approx(g.wall_seconds, abs=0.001)
+
+
+# -- the ledger's copy in the run's prefix -----------------------------------------------------
+
+
+def test_the_ledgers_copy_round_trips_for_its_run_only() -> None:
+    status = run_two_attempts(EVICTED)
+    data = goodput.encode_ledger(status, "uid-1")
+    assert data is not None and len(data) < goodput.LEDGER_MAX_BYTES
+
+    assert goodput.decode_ledger(data, "uid-1") == (status.goodput, status.attempts)
+    assert goodput.decode_ledger(data, "uid-of-a-run-made-again") is None
+    assert goodput.encode_ledger(TrainingRunStatus(), "uid-1") is None
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"{" * 100_000, id="over-the-cap"),
+        pytest.param(b"\x00garbage", id="not-json"),
+        pytest.param(b'[{"version": 1}]', id="not-an-object"),
+        pytest.param(b'{"version": 2, "uid": "u"}', id="newer-version"),
+        pytest.param(b'{"version": 1, "uid": "u", "goodput": {}, "attempts": []}', id="no-goodput"),
+        pytest.param(
+            b'{"version": 1, "uid": "u", "attempts": "x", "goodput": {}}', id="attempts-not-a-list"
+        ),
+        pytest.param(
+            json.dumps(
+                {
+                    "version": 1,
+                    "uid": "u",
+                    "goodput": {"wallSeconds": -5, "observedAt": "2026-11-29T12:00:00Z"},
+                    "attempts": [],
+                }
+            ).encode(),
+            id="negative-seconds",
+        ),
+        pytest.param(
+            json.dumps(
+                {
+                    "version": 1,
+                    "uid": "u",
+                    "goodput": {"wallSeconds": 5, "observedAt": "2026-11-29T12:00:00Z"},
+                    "attempts": [{"attempt": 1, "created": "x"}] * 21,
+                }
+            ).encode(),
+            id="more-than-20-attempts",
+        ),
+    ],
+)
+def test_a_hostile_copy_is_refused(data: bytes) -> None:
+    with pytest.raises(ValueError, match="ledger record"):
+        goodput.decode_ledger(data, "u")
+
+
+def test_the_copy_is_restored_only_into_a_status_without_a_ledger() -> None:
+    status = run_two_attempts(EVICTED)
+    copy_ = (status.goodput, status.attempts)
+    assert status.goodput is not None
+
+    wiped = status.model_copy(update={"goodput": None, "attempts": []})
+    assert goodput.restored(wiped, copy_) == status
+    assert goodput.restored(status, (status.goodput, [])) is status
+    assert goodput.restored(wiped, None) is wiped
+
+
+def test_the_copy_follows_each_end_and_comes_back_after_a_wipe_and_a_restart() -> None:
+    w = World()
+    run = w.kube.runs[(NAMESPACE, RUN)]
+    run["metadata"]["creationTimestamp"] = rfc3339(w.clock.now())
+    w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(run))
+    ledger_key = w.location.key(goodput.LEDGER_RECORD)
+    w.clock.advance(5)
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    w.clock.advance(30)
+    w.reconcile()
+    assert ledger_key not in w.bucket.objects  # no attempt ended yet
+
+    w.bucket.commit(w.location, 10)
+    w.report(
+        PodBuilder.of(w.pod("r1-1"))
+        .phase("Failed")
+        .condition("DisruptionTarget", reason="EvictionByEvictionAPI")
+    )
+    w.reconcile()
+    w.report(PodBuilder.of(w.pod("r1-2")).on_node().trainer_exited(0))
+    w.clock.advance(30)
+    w.reconcile()
+    done = w.status()
+    assert done["phase"] == "Succeeded" and len(done["attempts"]) == 2
+    shown = TrainingRunStatus.model_validate(done)
+    copied = goodput.decode_ledger(w.bucket.objects[ledger_key], w.builder.uid)
+    assert copied == (shown.goodput, shown.attempts)
+
+    # The status loses its ledger, the operator restarts: the next pass puts it back.
+    wiped = {k: v for k, v in done.items() if k not in ("goodput", "attempts")}
+    w.kube.runs[(NAMESPACE, RUN)]["status"] = wiped
+    w.restart()
+    w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(w.kube.runs[(NAMESPACE, RUN)]))
+    w.reconcile()
+    assert w.status() == done

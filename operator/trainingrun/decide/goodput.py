@@ -25,8 +25,11 @@ minute old) as the last step.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime
+
+from pydantic import ValidationError
 
 from trainingrun.api import (
     AttemptRecord,
@@ -40,6 +43,11 @@ from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import End, Outcome
 
 MAX_ATTEMPTS = 20
+# The ledger's copy in the run's prefix, written by the operator at each attempt's end and read
+# back when the status has lost it; at most this big (20 attempts take about 8 KiB).
+LEDGER_RECORD = "ledger.json"
+LEDGER_MAX_BYTES = 64 * 1024
+LEDGER_VERSION = 1
 SIGKILL_EXIT = 137  # 128 + SIGKILL: the container runtime's exit code for a killed process
 
 
@@ -158,6 +166,66 @@ def shown(
         settled_at=ledger.settled_at,
     )
     return status.model_copy(update={"goodput": figures})
+
+
+def encode_ledger(status: TrainingRunStatus, uid: str) -> bytes | None:
+    """The ledger's copy for the run's prefix (``LEDGER_RECORD``): the run's uid, the goodput
+    figures and the attempts; None while there is no ledger."""
+    if status.goodput is None:
+        return None
+    record = {
+        "version": LEDGER_VERSION,
+        "uid": uid,
+        "goodput": status.goodput.model_dump(mode="json", by_alias=True, exclude_none=True),
+        "attempts": [
+            a.model_dump(mode="json", by_alias=True, exclude_none=True) for a in status.attempts
+        ],
+    }
+    return json.dumps(record, sort_keys=True).encode()
+
+
+def decode_ledger(data: bytes, uid: str) -> tuple[Goodput, list[AttemptRecord]] | None:
+    """The ledger in ``data`` when it is this run's (``uid``: a run created again under the
+    same name starts its own); None when it is another's. Raises ValueError on anything that is
+    not a ledger: over ``LEDGER_MAX_BYTES``, not JSON, of a newer version, figures out of range.
+    """
+    if len(data) > LEDGER_MAX_BYTES:
+        raise ValueError(f"the ledger record is over {LEDGER_MAX_BYTES} bytes")
+    try:
+        raw = json.loads(data)
+    except (ValueError, RecursionError) as e:
+        raise ValueError("the ledger record is not valid JSON") from e
+    if not isinstance(raw, dict) or raw.get("version") != LEDGER_VERSION:
+        raise ValueError(f"the ledger record is not one of version {LEDGER_VERSION}")
+    if raw.get("uid") != uid:
+        return None
+    attempts = raw.get("attempts")
+    if not isinstance(attempts, list) or len(attempts) > MAX_ATTEMPTS:
+        raise ValueError(f"the ledger record's attempts are not a list of {MAX_ATTEMPTS} at most")
+    try:
+        return Goodput.model_validate(raw.get("goodput")), [
+            AttemptRecord.model_validate(a) for a in attempts
+        ]
+    except ValidationError as e:
+        raise ValueError(
+            f"the ledger record does not hold a ledger ({e.error_count()} errors)"
+        ) from e
+
+
+def restored(
+    status: TrainingRunStatus, ledger: tuple[Goodput, list[AttemptRecord]] | None
+) -> TrainingRunStatus:
+    """``status`` with the ledger read back from the run's prefix when it has none of its own
+    (the status was lost or wiped)."""
+    if ledger is None or status.goodput is not None or status.attempts:
+        return status
+    figures, attempts = ledger
+    return status.model_copy(update={"goodput": figures, "attempts": attempts})
+
+
+def closed_count(status: TrainingRunStatus) -> int:
+    """How many attempts of the list have ended (an end this pass changes it)."""
+    return sum(1 for a in status.attempts if a.ended is not None)
 
 
 def lost_steps(record: AttemptRecord, committed: int | None) -> int:

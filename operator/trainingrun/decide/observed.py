@@ -11,7 +11,13 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from trainingrun.api import CheckpointRef, TrainingRunSpec, TrainingRunStatus
+from trainingrun.api import (
+    AttemptRecord,
+    CheckpointRef,
+    Goodput,
+    TrainingRunSpec,
+    TrainingRunStatus,
+)
 from trainingrun.checkpoint.progress import ProgressRecord
 from trainingrun.decide import hold
 from trainingrun.decide import reasons as R
@@ -41,6 +47,9 @@ class Observed:
     progress: ProgressRecord | None = None
     # When the run was created (its metadata.creationTimestamp): the goodput ledger's start.
     created: datetime | None = None
+    # The goodput ledger read back from the run's prefix (the status has none): its figures and
+    # attempts.
+    ledger: tuple[Goodput, list[AttemptRecord]] | None = None
 
     @property
     def gang(self) -> tuple[Member, ...]:

@@ -78,7 +78,7 @@ def plan(obs: Observed) -> Plan:
         grace = obs.spec.preemption.termination_grace_period_seconds
         status, fit = savefit.mark(status, grace, obs.node, obs.generation, obs.now)
         events += fit
-    status = goodput.seen(status, obs.progress)  # display only, as the two below
+    status = goodput.seen(goodput.restored(status, obs.ledger), obs.progress)  # display only
     p = _plan(status, obs)
     p = replace(p, status=progress.marked(p.status, obs.progress, obs.now))
     p = replace(p, status=_ledger_shown(obs.status, p.status, obs))

@@ -35,6 +35,7 @@ from trainingrun.checkpoint.lookup import (
 )
 from trainingrun.checkpoint.manifest import RunManifest
 from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, decode
+from trainingrun.decide.goodput import LEDGER_RECORD
 from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
 from trainingrun.operator.slots import Addresses, Resolve, host_port, resolve
@@ -333,6 +334,24 @@ class RunStores:
         with self._slot(ref.namespace, storage):
             data = store.get(parse_uri(run_prefix(ref)).key(PROGRESS_RECORD))
         return decode(data) if data is not None else None
+
+    def read_ledger(self, ref: RunRef) -> bytes | None:
+        """The goodput ledger's copy the operator put into the run's prefix (``LEDGER_RECORD``);
+        None when there is none. One GET under the run's slot and the operator's call deadline;
+        the store refuses an object over its ``max_get_bytes`` unread. Raises MissingSecret,
+        StorageError."""
+        storage = ref.spec.checkpoint.storage
+        store = self.store_for(ref.namespace, storage)
+        with self._slot(ref.namespace, storage):
+            return store.get(parse_uri(run_prefix(ref)).key(LEDGER_RECORD))
+
+    def write_ledger(self, ref: RunRef, data: bytes) -> None:
+        """Puts the goodput ledger's copy (a plain PUT: a reader sees the old one or the new).
+        Raises MissingSecret, StorageError."""
+        storage = ref.spec.checkpoint.storage
+        store = self.store_for(ref.namespace, storage)
+        with self._slot(ref.namespace, storage):
+            store.put(parse_uri(run_prefix(ref)).key(LEDGER_RECORD), data)
 
     def take_fence(
         self, ref: RunRef, attempt: int, seen: tuple[bytes, str] | None = None

@@ -27,10 +27,11 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from trainingrun.api import TrainingRunSpec, TrainingRunStatus
+from trainingrun.api import AttemptRecord, Goodput, TrainingRunSpec, TrainingRunStatus
 from trainingrun.checkpoint.manifest import ManifestError
 from trainingrun.checkpoint.progress import ProgressError, ProgressRecord
 from trainingrun.contract import parse_time
+from trainingrun.decide import goodput
 from trainingrun.decide import reasons as R
 from trainingrun.decide.classify import classify
 from trainingrun.decide.gang import Member
@@ -39,6 +40,7 @@ from trainingrun.decide.observed import Observed, Plan, attempt_outcome, sooner
 from trainingrun.decide.reconcile import plan
 from trainingrun.decide.status import is_finished
 from trainingrun.decide.unprotected import warns_unprotected
+from trainingrun.operator import ledgers
 from trainingrun.operator.applier import Applier, WriteApi, storage_refused
 from trainingrun.operator.buckets import Checkpoints, MissingSecret, RunStores
 from trainingrun.operator.cache import ClusterView, ObjectReader
@@ -67,6 +69,7 @@ class RunMemory:
     dirty: bool = False  # something happened during it: run one more pass after it
     checkpoint_read_at: float = float("-inf")
     progress_read_at: float = float("-inf")
+    ledger_tried: bool = False  # the ledger's copy was looked for in the run's prefix
 
 
 class Reconciler:
@@ -145,6 +148,7 @@ class Reconciler:
             self.notices.remember((namespace, name), None)
             if run is None or meta.get("deletionTimestamp"):
                 return None
+            self._restore_finished(run, status, mem)
             self.queues.settle(run, status, Seen(), self.view, self._now())  # Finished
             return self.old_pods.sweep(run, 0, self._now())  # the pods asked to go, until gone
         generation, now = int(meta.get("generation") or 0), self._now()
@@ -171,9 +175,13 @@ class Reconciler:
         # An attempt's end reads its last record whatever the interval: the trainer's last step
         # for the goodput ledger (its sidecar published it at its end).
         record = self._progress(ref, mem, refreshed=seen.read and begun, now=ended)
-        obs = replace(obs, latest=seen.latest, progress=record)
+        obs = replace(
+            obs, latest=seen.latest, progress=record, ledger=self._ledger(ref, mem, status)
+        )
         p = plan(obs)  # the one plan of the pass
         again = self._apply(run, ref, obs, p, seen.seen)
+        if goodput.closed_count(p.status) != goodput.closed_count(status):
+            ledgers.write(self.stores, ref, p.status)  # an attempt ended: its copy follows
         self.queues.create(run, queued)  # the run's missing Workload
         self.queues.settle(run, p.status, queued, self.view, self._now())
         return sooner(again, self.queues.poll_after(queued, p.status))
@@ -272,6 +280,24 @@ class Reconciler:
             return Checkpoints()
         mem.checkpoint_read_at = self._monotonic()
         return seen
+
+    def _ledger(
+        self, ref: RunRef, mem: RunMemory, status: TrainingRunStatus
+    ) -> tuple[Goodput, list[AttemptRecord]] | None:
+        """The ledger's copy when the status has none, looked for once per run and operator."""
+        if mem.ledger_tried or not ledgers.wanted(status):
+            return None
+        mem.ledger_tried = True
+        return ledgers.read(self.stores, ref)
+
+    def _restore_finished(
+        self, run: dict[str, Any], status: TrainingRunStatus, mem: RunMemory
+    ) -> None:
+        """A finished run whose status lost its ledger gets it back from the run's prefix."""
+        if mem.ledger_tried or not ledgers.wanted(status):
+            return
+        mem.ledger_tried = True
+        ledgers.restore_finished(self.stores, self.applier, run, status)
 
     def _progress(
         self, ref: RunRef, mem: RunMemory, refreshed: bool, now: bool = False
