@@ -19,6 +19,7 @@ session's paused meanwhile. A tier of its own with tests/e2e/test_real_node.py:
 from __future__ import annotations
 
 import json
+import math
 import re
 import subprocess
 import time
@@ -281,8 +282,8 @@ class Failover:
     standby_pod: str
     holder_before: str
     seconds: float  # SIGKILL to the first Lease write by a live replica
-    taker: str  # the holder of that write
-    holders_after: list[str]  # every holder seen in the FAILOVER_LIMIT_S after the kill
+    taker: str  # the holder of that write ("" when none came)
+    holders_after: list[str]  # every holder seen in the WATCH_AFTER_KILL_S after the kill
     pods_seen: set[str]  # the run's pods seen in the WATCH_AFTER_KILL_S after the kill
     final: dict[str, Any]  # the run's status at its end
     pods_at_end: set[str]
@@ -291,6 +292,10 @@ class Failover:
 @pytest.fixture(scope="module")
 def installed(node_release: Release) -> Release:
     """Both replicas Ready on the real node."""
+    deployment = client.AppsV1Api(node_release.api).read_namespaced_deployment(
+        node_release.fullname, node_release.namespace
+    )
+    assert deployment.spec.replicas == 2, "the chart's default: 2 replicas, one leading"
 
     def ready() -> bool:
         pods = node_release.operator_pods()
@@ -332,17 +337,16 @@ def failover(running: Release, request: pytest.FixtureRequest) -> Failover:
     holders: list[str] = []
     seen: set[str] = set()
     while time.monotonic() - started < WATCH_AFTER_KILL_S:
-        if time.monotonic() - started < FAILOVER_LIMIT_S + 2:
-            spec = rel.lease().spec
-            if spec.holder_identity not in holders:
-                holders.append(spec.holder_identity)
-            # A renewTime after the kill: written by a live replica (the writer's own clock,
-            # this machine's).
-            if first is None and rfc3339(spec.renew_time) > killed_at:
-                first = (rfc3339(spec.renew_time) - killed_at, spec.holder_identity)
+        spec = rel.lease().spec
+        if spec.holder_identity not in holders:
+            holders.append(spec.holder_identity)
+        # A renewTime after the kill: written by a live replica (the writer's own clock, this
+        # machine's).
+        if first is None and rfc3339(spec.renew_time) > killed_at:
+            first = (rfc3339(spec.renew_time) - killed_at, spec.holder_identity)
         seen |= {p.metadata.name for p in rel.runs.pods_of(RUN)}
         time.sleep(0.1)
-    assert first is not None, f"no replica wrote the Lease in {WATCH_AFTER_KILL_S} s: {holders}"
+    seconds, taker = first or (math.inf, "")  # inf: no write in WATCH_AFTER_KILL_S
 
     final = rel.runs.wait_status(
         RUN, lambda s: s.get("phase") in ("Succeeded", "Failed"), 180, "the run's end"
@@ -352,14 +356,20 @@ def failover(running: Release, request: pytest.FixtureRequest) -> Failover:
         killed_pod=leader,
         standby_pod=standby,
         holder_before=holder,
-        seconds=first[0],
-        taker=first[1],
+        seconds=seconds,
+        taker=taker,
         holders_after=holders,
         pods_seen=seen,
         final=final,
         pods_at_end={p.metadata.name for p in rel.runs.pods_of(RUN)},
     )
-    who = "the standby" if result.taker.startswith(f"{standby}-") else "the killed leader's pod"
+    who = (
+        "no replica"
+        if not taker
+        else "the standby"
+        if taker.startswith(f"{standby}-")
+        else "the killed leader's pod"
+    )
     say(
         request,
         f"[real node] leader container SIGKILLed: {who} ({result.taker}) held the Lease "
@@ -387,9 +397,13 @@ def test_replicas_run_under_the_charts_service_account_and_one_leads(installed: 
         assert pod.spec.service_account_name == installed.fullname
         assert pod.spec.containers[0].image == f"{OPERATOR_IMAGE}:{IMAGE_TAG}"
         assert pod.spec.containers[0].image_pull_policy == "Never"
-    holder = wait_for(installed.holder, 30, "a Lease holder")
     names = [p.metadata.name for p in pods]
-    assert [n for n in names if holder.startswith(f"{n}-")], (holder, names)
+
+    def held_by_a_replica() -> str | None:
+        holder = installed.holder()
+        return holder if holder and any(holder.startswith(f"{n}-") for n in names) else None
+
+    wait_for(held_by_a_replica, 30, f"one of {names} holding the Lease")
     # The holder keeps renewing it (every 2 s).
     renewed = rfc3339(installed.lease().spec.renew_time)
     wait_for(lambda: rfc3339(installed.lease().spec.renew_time) > renewed, 10, "a renewal")
@@ -421,7 +435,10 @@ def test_the_pod_patch_policy_is_bound_and_denies_the_operator_a_label_change(
 
 
 def test_a_live_leader_within_15s_of_the_leaders_sigkill(failover: Failover) -> None:
-    assert failover.seconds <= FAILOVER_LIMIT_S, failover
+    assert failover.seconds <= FAILOVER_LIMIT_S, (
+        f"{failover.seconds:.2f} s from the SIGKILL to a Lease write by a live replica; "
+        f"holders seen: {failover.holders_after}"
+    )
 
 
 def test_the_run_keeps_one_pod_and_succeeds_across_the_failover(failover: Failover) -> None:
@@ -451,4 +468,7 @@ def test_no_rbac_or_policy_refusal_in_the_operators_logs(
     ),
 )
 def test_the_standby_takes_the_lease(failover: Failover) -> None:
-    assert failover.taker.startswith(f"{failover.standby_pod}-"), failover
+    assert failover.taker.startswith(f"{failover.standby_pod}-"), (
+        f"{failover.taker or 'no replica'} took the Lease, not the standby "
+        f"{failover.standby_pod}; holders seen: {failover.holders_after}"
+    )
