@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -14,7 +15,7 @@ import pytest
 from tests.unit.builders import NAMESPACE, PodBuilder, make_node
 from tests.unit.test_reconciler import RUN, World
 from trainingrun.api import AttemptRecord, TrainingRunStatus
-from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, encode
+from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, decode, encode
 from trainingrun.contract import rfc3339
 from trainingrun.decide import goodput
 from trainingrun.decide import reasons as R
@@ -372,3 +373,29 @@ def test_the_copy_follows_each_end_and_comes_back_after_a_wipe_and_a_restart() -
     w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(w.kube.runs[(NAMESPACE, RUN)]))
     w.reconcile()
     assert w.status() == done
+
+
+def test_saves_the_integration_timed_are_checkpoint_stall() -> None:
+    s = goodput.begun(TrainingRunStatus(attempt=1), None, at(10))
+    record = replace(progress(1, 1, 20, 31, 80), save_seconds=6.0)
+    s = goodput.seen(s, record)
+    assert s.attempts[-1].save_seconds == 6.0
+    running = goodput.shown(s, T0, at(80), finished=False).goodput
+    assert running is not None
+    assert (running.productive_seconds, running.stall_seconds) == (56.0, 6.0)
+
+    s = goodput.ended(s, SUCCEEDED, 31, T0, at(85))
+    g = goodput.shown(s, T0, at(85), finished=True).goodput
+
+    assert g is not None
+    assert g.productive_seconds == pytest.approx(62.0 - 6.0)  # step 1's 2 s, then 60 s
+    assert g.stall_seconds == pytest.approx(6.0 + 5.0)  # the saves, and its end after step 31
+    parts = [g.productive_seconds, g.lost_seconds, g.startup_seconds, g.waiting_seconds]
+    assert sum(parts) + g.stall_seconds == pytest.approx(85.0)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1.0, 1e18, "7", True])
+def test_a_hostile_save_time_is_dropped(value: object) -> None:
+    raw = json.loads(encode(progress(1, 1, 20, 31, 80)))
+    raw["save_seconds"] = value
+    assert decode(json.dumps(raw).encode()).save_seconds is None

@@ -132,7 +132,7 @@ def test_progress_is_written_at_train_begin_and_every_step_end(
     args: TrainingArguments, ckdir: Path
 ) -> None:
     run = Run(args, ckdir, max_steps=60).begin(step=30)  # a resumed run starts at its checkpoint
-    assert local.read_progress(ckdir) == local.Progress(30, 60)
+    assert local.read_progress(ckdir) == local.Progress(30, 60, save_seconds=0.0)
     run.step_end(31)
     run.step_end(32)
     progress = local.read_progress(ckdir)
@@ -153,10 +153,12 @@ def test_checkpoint_dir_defaults_to_env_then_output_dir(
 ) -> None:
     monkeypatch.setenv("TRAININGRUN_CHECKPOINT_DIR", str(tmp_path / "env"))
     hf.TrainingRunCallback().on_step_end(args, state(4), TrainerControl())
-    assert local.read_progress(tmp_path / "env") == local.Progress(4, 60)
+    assert local.read_progress(tmp_path / "env") == local.Progress(4, 60, save_seconds=0.0)
     monkeypatch.delenv("TRAININGRUN_CHECKPOINT_DIR")
     hf.TrainingRunCallback().on_step_end(args, state(5), TrainerControl())
-    assert local.read_progress(Path(str(args.output_dir))) == local.Progress(5, 60)
+    assert local.read_progress(Path(str(args.output_dir))) == local.Progress(
+        5, 60, save_seconds=0.0
+    )
 
 
 def test_on_save_marks_the_saved_checkpoint_complete(args: TrainingArguments, ckdir: Path) -> None:
@@ -168,6 +170,27 @@ def test_on_save_marks_the_saved_checkpoint_complete(args: TrainingArguments, ck
     hf.TrainingRunCallback(ckdir).on_save(args, state(40), TrainerControl())
     assert (folder / local.COMPLETE_MARKER).exists()
     assert not (other / local.COMPLETE_MARKER).exists()
+
+
+def test_the_time_between_a_step_end_and_its_save_is_the_save_time(
+    args: TrainingArguments, ckdir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    now = [100.0]
+    monkeypatch.setattr(hf.time, "monotonic", lambda: now[0])
+    callback = hf.TrainingRunCallback(ckdir)
+    callback.on_step_end(args, state(10), TrainerControl())
+    now[0] += 4.0  # the Trainer saves checkpoint-10
+    callback.on_save(args, state(10), TrainerControl())
+    progress = local.read_progress(ckdir)
+    assert progress is not None and progress.save_seconds == 4.0  # written at the save too
+    now[0] += 1.0
+    callback.on_step_end(args, state(11), TrainerControl())  # no save: no stall added
+    now[0] += 1.0
+    callback.on_step_end(args, state(12), TrainerControl())
+    now[0] += 2.5
+    callback.on_save(args, state(12), TrainerControl())
+    progress = local.read_progress(ckdir)
+    assert progress is not None and (progress.step, progress.save_seconds) == (12, 6.5)
 
 
 def test_on_save_marks_another_nodes_folder_too(args: TrainingArguments, ckdir: Path) -> None:

@@ -211,9 +211,45 @@ def write_file(folder: Path, text: str) -> None:
     path.write_text(text)
 
 
-def test_local_progress_carries_rates(tmp_path: Path) -> None:
+def test_local_progress_carries_rates_save_time_and_when(tmp_path: Path) -> None:
     local.write_progress(tmp_path, local.Progress(7, 100, samples_per_second=64.0))
-    assert local.read_progress(tmp_path) == local.Progress(7, 100, 64.0, None)
+    read = local.read_progress(tmp_path)
+    assert read is not None
+    mtime = local.control_path(tmp_path, local.PROGRESS).stat().st_mtime
+    assert read == local.Progress(7, 100, 64.0) and read.written_at == mtime
+
+    local.write_progress(tmp_path, local.Progress(8, 100, save_seconds=2.5))
+    assert (read := local.read_progress(tmp_path)) is not None and read.save_seconds == 2.5
+
+
+@pytest.mark.parametrize(
+    ("written_at", "published_at"),
+    [
+        pytest.param(T - 30, T - 30, id="the-files-time"),
+        pytest.param(None, T, id="no-time-read-now"),
+        pytest.param(T + 60, T, id="a-time-to-come-read-now"),
+        pytest.param(T - 7200, T, id="older-than-an-hour-read-now"),
+    ],
+)
+def test_a_record_says_when_the_step_was_reached(
+    written_at: float | None, published_at: float
+) -> None:
+    store = DictStore()
+    pub = publisher(store, Ticking())
+    assert pub.check(local.Progress(5, 100, written_at=written_at))
+
+    record = decode(store.objects[pub.key])
+    assert (record.first_seen, record.observed) == (published_at, published_at)
+
+
+def test_a_save_at_the_same_step_is_published_with_its_time() -> None:
+    store = DictStore()
+    clock = Ticking()
+    pub = publisher(store, clock)
+    assert pub.check(local.Progress(5, 100, save_seconds=1.0))
+    clock.t += 120
+    assert pub.check(local.Progress(5, 100, save_seconds=4.0))
+    assert decode(store.objects[pub.key]).save_seconds == 4.0
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,19 @@ log = logging.getLogger("trainingrun.agent.sync")
 PUBLISH_SECONDS = 60.0
 
 
+# A progress file's time older than this is not the trainer's step (a clock set back, a file
+# left from before): the time it was read stands for it.
+REACHED_AT_MAX_AGE = 3600.0
+
+
+def reached_at(progress: local.Progress, now: float) -> float:
+    """When the trainer reached ``progress``'s step: its file's time when it is plausible (the
+    trainer writes the file at every step end), else ``now``. A record published after the
+    trainer stopped (the last word) so says when its last step was made, not when it was read."""
+    at = progress.written_at
+    return at if at is not None and now - REACHED_AT_MAX_AGE <= at <= now else now
+
+
 class ProgressPublisher:
     """Puts the progress record of this pod's trainer (see the module doc)."""
 
@@ -54,7 +67,7 @@ class ProgressPublisher:
         self.clock = clock
         self.monotonic = monotonic
         self.first: tuple[int, float] | None = None  # the first step seen, and when
-        self.published: int | None = None  # the step last put
+        self.published: tuple[int, float | None] | None = None  # the step, save time last put
         self.last_try: float | None = None
         self.failing = False
 
@@ -64,19 +77,20 @@ class ProgressPublisher:
         if progress is None or not 0 <= progress.step <= MAX_STEP:
             return False
         now = self.clock()
+        at = reached_at(progress, now)
         if self.first is None:
-            self.first = self.published_first(progress.step) or (progress.step, now)
+            self.first = self.published_first(progress.step) or (progress.step, at)
         # A step going back (the trainer restarted in the pod from an older checkpoint) starts
         # the measure again.
         if progress.step < self.first[0]:
-            self.first = (progress.step, now)
-        if progress.step == self.published:
+            self.first = (progress.step, at)
+        if (progress.step, progress.save_seconds) == self.published:
             return False
         tried = self.last_try
         if tried is not None and self.monotonic() - tried < self.interval:
             return False
         self.last_try = self.monotonic()
-        return self.put(self.record(progress, now))
+        return self.put(self.record(progress, max(at, self.first[1])))
 
     def final(self, progress: local.Progress | None) -> bool:
         """The last word, at the sidecar's end (the trainer has exited): the record put whatever
@@ -111,6 +125,9 @@ class ProgressPublisher:
             total_steps=total if total is not None and 1 <= total <= MAX_STEP else None,
             samples_per_second=rate(progress.samples_per_second),
             tokens_per_second=rate(progress.tokens_per_second),
+            save_seconds=progress.save_seconds
+            if progress.save_seconds is not None and 0 <= progress.save_seconds <= 1e9
+            else None,
         )
 
     def put(self, record: ProgressRecord) -> bool:
@@ -124,7 +141,7 @@ class ProgressPublisher:
         if self.failing:
             log.info("publishing the trainer's progress again")
         self.failing = False
-        self.published = record.step
+        self.published = (record.step, record.save_seconds)
         return True
 
 

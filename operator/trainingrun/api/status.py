@@ -119,6 +119,11 @@ class AttemptRecord(_Model):
         description="The last step its sidecar published (at its end, the trainer's last).",
     )
     last_step_time: str | None = Field(default=None, description="When (RFC 3339).")
+    save_seconds: float | None = Field(
+        default=None,
+        ge=0,
+        description="Seconds its trainer stood still in saves, as its integration timed them.",
+    )
     ended: str | None = Field(default=None, description="When it ended (RFC 3339).")
     ending: str | None = Field(default=None, description="Why it ended: the ending's reason.")
     kind: str | None = Field(
@@ -168,7 +173,10 @@ class LedgerTotals(_Model):
     stall_seconds: float = Field(
         default=0.0,
         ge=0,
-        description="An attempt's end after its last step: its final save and upload.",
+        description=(
+            "Checkpoint stall: saves the trainer stood still for (as its integration timed "
+            "them), and an attempt's end after its last step (its final save and upload)."
+        ),
     )
 
 

@@ -29,7 +29,7 @@ import logging
 import os
 import stat
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from trainingrun.checkpoint import layouts
@@ -109,13 +109,18 @@ def save_requested(checkpoint_dir: Path) -> str | None:
 
 @dataclass(frozen=True)
 class Progress:
-    """The trainer's step, its total when its framework knows it, and its throughput when it
-    measures one (samples or tokens per second)."""
+    """The trainer's step, its total when its framework knows it, its throughput when it
+    measures one (samples or tokens per second), and the seconds it spent blocked in saves
+    since its process began, when its integration times them."""
 
     step: int
     max_steps: int | None
     samples_per_second: float | None = None
     tokens_per_second: float | None = None
+    save_seconds: float | None = None
+    # When the file was written (its mtime), as read back: when the trainer reached the step.
+    # Not part of the value: two reads of the same progress are equal.
+    written_at: float | None = field(default=None, compare=False)
 
 
 # The callback writes ~100 bytes; the sidecar reads no more than this of the file.
@@ -129,6 +134,7 @@ def write_progress(checkpoint_dir: Path, progress: Progress) -> None:
         "max_steps": progress.max_steps,
         "samples_per_second": progress.samples_per_second,
         "tokens_per_second": progress.tokens_per_second,
+        "save_seconds": progress.save_seconds,
     }
     text = json.dumps({k: v for k, v in fields.items() if v is not None or k == "max_steps"})
     _replace_control_file(checkpoint_dir, PROGRESS, text)
@@ -155,6 +161,7 @@ def read_progress(checkpoint_dir: Path) -> Progress | None:
     try:
         with control_path(checkpoint_dir, PROGRESS).open("rb") as f:
             data = f.read(PROGRESS_MAX_BYTES + 1)
+            written_at = os.fstat(f.fileno()).st_mtime
         if len(data) > PROGRESS_MAX_BYTES:
             return None
         raw = json.loads(data)
@@ -164,6 +171,8 @@ def read_progress(checkpoint_dir: Path) -> Progress | None:
             None if total is None else int(total),
             _number(raw.get("samples_per_second")),
             _number(raw.get("tokens_per_second")),
+            _number(raw.get("save_seconds")),
+            written_at,
         )
     # Written by the trainer's side, so anything may be there: a missing file, a half-written
     # one, Infinity (OverflowError), deep nesting (RecursionError), a list (AttributeError).

@@ -23,6 +23,8 @@ MAX_BYTES = 4096
 MAX_STEP = 10**12
 # Samples or tokens per second beyond any hardware: dropped, not shown.
 MAX_RATE = 1e12
+# Seconds no attempt lasts (30 years): a save time beyond is dropped.
+MAX_SECONDS = 1e9
 
 
 class ProgressError(ValueError):
@@ -44,6 +46,8 @@ class ProgressRecord:
     total_steps: int | None = None
     samples_per_second: float | None = None
     tokens_per_second: float | None = None
+    # Seconds the trainer stood still in saves since its process began (its integration's).
+    save_seconds: float | None = None
     version: int = VERSION
 
 
@@ -81,6 +85,7 @@ def decode(data: bytes) -> ProgressRecord:
         total_steps=total,
         samples_per_second=rate(raw.get("samples_per_second")),
         tokens_per_second=rate(raw.get("tokens_per_second")),
+        save_seconds=_duration(raw.get("save_seconds")),
     )
 
 
@@ -93,6 +98,17 @@ def rate(value: Any) -> float | None:
     except OverflowError:  # an int past float's range
         return None
     return value if math.isfinite(value) and 0 < value <= MAX_RATE else None
+
+
+def _duration(value: Any) -> float | None:
+    """Seconds as shown: a finite number in [0, MAX_SECONDS], else none."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        value = float(value)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) and 0 <= value <= MAX_SECONDS else None
 
 
 def _int(raw: dict[str, Any], name: str, low: int, high: int) -> int:

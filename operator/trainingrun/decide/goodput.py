@@ -91,6 +91,7 @@ def seen(status: TrainingRunStatus, record: ProgressRecord | None) -> TrainingRu
             "first_step_time": rfc3339(_at(record.first_seen)),
             "last_step": record.step,
             "last_step_time": rfc3339(_at(record.observed)),
+            "save_seconds": record.save_seconds,
         }
     )
     if updated == current:
@@ -260,24 +261,28 @@ def _split(
     unseen = max(0, (record.first_step or 0) - (record.resume_step or 0))
     early = min(_seconds(t.created, t.first), unseen * per_step)
     startup = _seconds(t.created, t.first) - early
+    saves = record.save_seconds or 0.0  # within training: the trainer stood still for them
     if running:  # still training: its steps are kept until it ends
+        training = early + _seconds(t.first, end)
         return LedgerTotals(
             waiting_seconds=waiting,
             startup_seconds=startup,
-            productive_seconds=early + _seconds(t.first, end),
+            productive_seconds=training - min(saves, training),
+            stall_seconds=min(saves, training),
         )
     training = early + _seconds(t.first, t.last)
     made += unseen
     lost = record.steps_lost or 0
     lost_s = training if made <= 0 and lost else min(training, training * lost / max(made, 1))
+    stalled = min(saves, training - lost_s)
     tail = _seconds(t.last, end)
     gone = record.kind == "nodeLost"
     return LedgerTotals(
         waiting_seconds=waiting,
         startup_seconds=startup,
-        productive_seconds=training - lost_s,
+        productive_seconds=training - lost_s - stalled,
         lost_seconds=lost_s + (tail if gone else 0.0),
-        stall_seconds=0.0 if gone else tail,
+        stall_seconds=stalled + (0.0 if gone else tail),
     )
 
 

@@ -56,6 +56,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -132,6 +133,10 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
         # Its folder is only the default: the save-now request is read from _folder(args).
         self._stop = StopRequest(self.checkpoint_dir, install=False)
         self._samples = Throughput()
+        # The Trainer saves between on_step_end and on_save: the time between the two, summed,
+        # is the time training stood still for saves (the goodput ledger's checkpoint stall).
+        self._step_end: float | None = None
+        self.save_seconds = 0.0
 
     def _folder(self, args: TrainingArguments) -> Path:
         return self.checkpoint_dir or Path(str(args.output_dir))
@@ -167,6 +172,7 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
             control.should_training_stop = True
         if state.is_world_process_zero:
             local.write_progress(folder, self._progress(args, state))
+        self._step_end = time.monotonic()
         return control
 
     def _progress(self, args: TrainingArguments, state: TrainerState) -> local.Progress:
@@ -175,7 +181,9 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
         per_step = args.train_batch_size * args.gradient_accumulation_steps * args.world_size
         rate = self._samples.rate(state.global_step * per_step)
         total = state.max_steps if state.max_steps > 0 else None
-        return local.Progress(state.global_step, total, samples_per_second=rate)
+        return local.Progress(
+            state.global_step, total, samples_per_second=rate, save_seconds=self.save_seconds
+        )
 
     def on_save(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kw: Any
@@ -186,6 +194,11 @@ class TrainingRunCallback(TrainerCallback, StopOutcome):
             # barrier makes the marker below follow every file of every process of the node.
             # Every rank saves at the same steps (save_steps, the stop decided together).
             dist.barrier()
+        if self._step_end is not None:
+            self.save_seconds += time.monotonic() - self._step_end
+            self._step_end = None
+        if state.is_world_process_zero:  # the save's time, also when training stops here
+            local.write_progress(self._folder(args), self._progress(args, state))
         if not state.is_local_process_zero:
             return  # the processes of a node share its folder: one marks it
         folder = Path(str(args.output_dir)) / checkpoint_dirname(state.global_step)

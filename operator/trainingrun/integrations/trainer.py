@@ -137,11 +137,13 @@ def report_progress(
     *,
     samples_per_second: float | None = None,
     tokens_per_second: float | None = None,
+    save_seconds: float | None = None,
 ) -> None:
-    """The trainer's step, its total when known and its throughput when measured, for the
+    """The trainer's step, its total when known, its throughput when measured and the seconds
+    it spent blocked in saves since it began (the goodput ledger's checkpoint stall), for the
     sidecar to publish (``trainingrun_trainer_step``, ``status.progress``). The file is
     replaced atomically; once per step is fine."""
-    progress = local.Progress(step, max_steps, samples_per_second, tokens_per_second)
+    progress = local.Progress(step, max_steps, samples_per_second, tokens_per_second, save_seconds)
     local.write_progress(Path(folder) if folder else checkpoint_dir(), progress)
 
 
