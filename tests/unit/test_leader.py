@@ -19,6 +19,7 @@ from typing import Any, cast
 import pytest
 import urllib3
 
+from trainingrun.operator import leader
 from trainingrun.operator.kubeconn import HttpError, KubeConfigError, RestClient
 from trainingrun.operator.leader import LEASE, LEASES, Election, LeaseLock, Timing
 
@@ -227,3 +228,15 @@ def test_a_leader_stops_before_its_lease_can_pass_on(
     else:
         with pytest.raises(ValueError, match="shorter than lease_duration"):
             Timing(lease, renew, retry)
+
+
+def test_each_process_has_an_identity_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container the pid is 1 every time: a restarted leader container must not take its
+    dead predecessor's name in the Lease."""
+    monkeypatch.setenv("HOSTNAME", "trainingrun-operator-7d9f-abcde")
+    monkeypatch.setattr(leader.os, "getpid", lambda: 1)
+
+    first, again = leader.identity(), leader.identity()
+
+    assert first != again
+    assert first.startswith("trainingrun-operator-7d9f-abcde-")

@@ -27,6 +27,7 @@ import os
 import threading
 import time
 import urllib.parse
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -225,8 +226,11 @@ class Election:
 
 
 def identity() -> str:
-    """This replica's name in the Lease: its pod name and process."""
-    return f"{os.environ.get('HOSTNAME') or 'operator'}-{os.getpid()}"
+    """This process's name in the Lease: its pod's name and a random suffix of its own. Never
+    the pid: in a container it is 1 every time, and a leader's container restarted by the
+    kubelet would take its dead predecessor's name and renew the Lease as if it had led all
+    along."""
+    return f"{os.environ.get('HOSTNAME') or 'operator'}-{uuid.uuid4().hex[:10]}"
 
 
 class _Alive(http.server.BaseHTTPRequestHandler):
