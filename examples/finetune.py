@@ -116,6 +116,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="seconds to sleep after each step (makes room for a preemption in tests)",
     )
     parser.add_argument(
+        "--save-total-limit",
+        type=int,
+        default=int(env_default("SAVE_TOTAL_LIMIT", "0")) or None,
+        help="keep this many checkpoints, deleting older ones as the Trainer rotates them",
+    )
+    parser.add_argument(
         "--loss-log",
         type=Path,
         default=env_default("LOSS_LOG", "") or None,
@@ -160,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         max_steps=args.max_steps,
         save_strategy="steps",
         save_steps=args.save_steps,
+        save_total_limit=args.save_total_limit,
         per_device_train_batch_size=args.batch_size,
         learning_rate=1e-3,
         logging_steps=1,
