@@ -2,8 +2,9 @@
 
 Covers: every per-run series of a run whose status has every field, with its value (24 series:
 the count docs/operations.md gives), also from the status as the API's models write it; a
-status without progress, checkpoint or goodput exports only what it has; malformed figures (text, NaN, a bad time) export nothing rather than raise;
-the goodput ratio from ``percent`` when ``ratio`` is absent; the ETA counts down from the
+status without progress, checkpoint or goodput exports only what it has; malformed figures
+(text, NaN, a bad time) export nothing rather than raise; the goodput ratio from ``percent``
+when ``ratio`` is absent; the ETA counts down from the
 progress observation; a finished run stays ``keep_finished_seconds`` after it ended, then drops
 out, and with 0 only unfinished runs are exported; an unknown phase is one label value; the
 collector reads the runs at each scrape (nothing kept between); the leader flag is 0 until
