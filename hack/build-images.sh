@@ -4,10 +4,12 @@
 # registry:
 #   bash hack/build-images.sh [operator] [agent] [finetune]     # default: all three
 # Names and tag: OPERATOR_IMAGE, AGENT_IMAGE, FINETUNE_IMAGE, IMAGE_TAG (dev); IMAGE_BUILDER=docker
-# or buildah picks one. With buildah the Python base (PYTHON_IMAGE) is made locally from Debian's
-# packages by hack/python-base.sh unless PYTHON_IMAGE is set, so images/*/Dockerfile and
-# examples/Dockerfile stay the one recipe. RUN steps use the host's network (pip reaches PyPI)
-# and buildah's layer cache, so a warm build with unchanged inputs takes seconds.
+# or buildah picks one. With buildah the bases are made locally from Debian's packages, so
+# images/*/Dockerfile and examples/Dockerfile stay the one recipe: the operator's and the agent's
+# Python base (PYTHON_IMAGE) by hack/python-base.sh, the example trainer's Debian trixie base
+# (DEBIAN_IMAGE) by hack/trainer-base.sh, each unless set. RUN steps use the host's network (apt
+# reaches Debian's archive, pip PyPI) and buildah's layer cache, so a warm build with unchanged
+# inputs takes seconds.
 # Prints one line per image: NAME:TAG, its size and build time.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,13 +42,22 @@ if [ "$builder" = buildah ]; then
   bash "$here/install-node-packages.sh" images   # buildah and mmdebstrap, when missing
 fi
 
+# The base each recipe takes, as a build argument.
+declare -A base_arg=(
+  [operator]=PYTHON_IMAGE
+  [agent]=PYTHON_IMAGE
+  [finetune]=DEBIAN_IMAGE
+)
+declare -A base=(
+  [PYTHON_IMAGE]=${PYTHON_IMAGE:-}
+  [DEBIAN_IMAGE]=${DEBIAN_IMAGE:-}
+)
 args=()
 if [ "$builder" = buildah ]; then
-  base=${PYTHON_IMAGE:-$(bash "$here/python-base.sh")}
   # --layers: reuse each step whose inputs are unchanged; --force-rm: a failed build leaves no
-  # working container (and its overlay mount) behind; --network host: pip reaches PyPI with
-  # no CNI network of buildah's own (no bridge, no iptables rules left behind).
-  args=(bud --layers --force-rm --network host --build-arg "PYTHON_IMAGE=$base")
+  # working container (and its overlay mount) behind; --network host: apt and pip reach their
+  # archives with no CNI network of buildah's own (no bridge, no iptables rules left behind).
+  args=(bud --layers --force-rm --network host)
   # Where the host's pip trusts a CA bundle of its own (PIP_CERT or pip.conf's cert: a proxy that
   # inspects TLS), the build's pip needs it too: Debian's pip reads the system bundle, so the
   # host's is bind-mounted over it for the RUN steps only (a mount is never part of a layer).
@@ -56,15 +67,24 @@ if [ "$builder" = buildah ]; then
   fi
 else
   args=(build)
-  [ -n "${PYTHON_IMAGE:-}" ] && args+=(--build-arg "PYTHON_IMAGE=$PYTHON_IMAGE")
 fi
 
 cd "$root"
 for image in "$@"; do
   ref="${name[$image]}:$tag"
+  arg=${base_arg[$image]}
+  if [ "$builder" = buildah ] && [ -z "${base[$arg]}" ]; then
+    # Made (or found in the cache) once per run, for the first image that needs it.
+    case $arg in
+      PYTHON_IMAGE) base[$arg]=$(bash "$here/python-base.sh") ;;
+      DEBIAN_IMAGE) base[$arg]=$(bash "$here/trainer-base.sh") ;;
+    esac
+  fi
+  image_args=()
+  [ -n "${base[$arg]}" ] && image_args=(--build-arg "$arg=${base[$arg]}")
   start=$(date +%s)
   echo "building $ref from ${recipe[$image]} with $builder" >&2
-  "$builder" "${args[@]}" -f "${recipe[$image]}" -t "$ref" . >&2
+  "$builder" "${args[@]}" "${image_args[@]}" -f "${recipe[$image]}" -t "$ref" . >&2
   if [ "$builder" = buildah ]; then
     size=$(buildah images --noheading --format '{{.Size}}' "$ref")
   else
