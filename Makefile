@@ -26,8 +26,9 @@ OPERATOR_IMAGE ?= ghcr.io/trainingrun/operator
 AGENT_IMAGE ?= ghcr.io/trainingrun/agent
 # The example trainer (examples/Dockerfile: examples/finetune.py with torch and transformers).
 FINETUNE_IMAGE ?= ghcr.io/trainingrun/finetune-example
-# What `make images` builds: any of operator, agent, finetune.
-IMAGES ?= operator agent finetune
+# What `make images` builds: any of operator, agent, finetune, finetune-user (the example with a
+# USER of its own, for the real node's users test).
+IMAGES ?= operator agent finetune finetune-user
 KIND ?= kind
 KIND_CLUSTER ?= trainingrun
 KUBECTL ?= kubectl
@@ -149,7 +150,7 @@ chart-readme: venv ## Regenerate the chart's README.md from the '# --' comments 
 	$(BIN)/python -m tests.chart.readme --write
 
 hadolint: venv ## Lint the Dockerfiles of the operator, agent and example trainer images
-	$(BIN)/hadolint images/operator/Dockerfile images/agent/Dockerfile examples/Dockerfile
+	$(BIN)/hadolint images/operator/Dockerfile images/agent/Dockerfile examples/Dockerfile tests/e2e/Dockerfile.user
 
 images: ## Build the operator, agent and example trainer images: Docker where it runs, else buildah (IMAGE_TAG=dev)
 	OPERATOR_IMAGE=$(OPERATOR_IMAGE) AGENT_IMAGE=$(AGENT_IMAGE) FINETUNE_IMAGE=$(FINETUNE_IMAGE) \

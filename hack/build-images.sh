@@ -19,15 +19,20 @@ declare -A recipe=(
   [operator]=images/operator/Dockerfile
   [agent]=images/agent/Dockerfile
   [finetune]=examples/Dockerfile
+  [finetune-user]=tests/e2e/Dockerfile.user
 )
 declare -A name=(
   [operator]=${OPERATOR_IMAGE:-ghcr.io/trainingrun/operator}
   [agent]=${AGENT_IMAGE:-ghcr.io/trainingrun/agent}
   [finetune]=${FINETUNE_IMAGE:-ghcr.io/trainingrun/finetune-example}
+  [finetune-user]=${FINETUNE_IMAGE:-ghcr.io/trainingrun/finetune-example}
 )
+# finetune-user: the example image with a USER of its own (the real node's users test), tagged
+# <tag>-user and built from the example image of the same tag (build finetune first).
+declare -A suffix=([finetune-user]=-user)
 [ $# -gt 0 ] || set -- operator agent finetune
 for image in "$@"; do
-  [ -n "${recipe[$image]:-}" ] || { echo "no such image: $image (operator, agent, finetune)" >&2; exit 2; }
+  [ -n "${recipe[$image]:-}" ] || { echo "no such image: $image (operator, agent, finetune, finetune-user)" >&2; exit 2; }
 done
 
 builder=${IMAGE_BUILDER:-}
@@ -47,10 +52,12 @@ declare -A base_arg=(
   [operator]=PYTHON_IMAGE
   [agent]=PYTHON_IMAGE
   [finetune]=DEBIAN_IMAGE
+  [finetune-user]=FINETUNE_IMAGE
 )
 declare -A base=(
   [PYTHON_IMAGE]=${PYTHON_IMAGE:-}
   [DEBIAN_IMAGE]=${DEBIAN_IMAGE:-}
+  [FINETUNE_IMAGE]=${name[finetune]}:$tag
 )
 args=()
 if [ "$builder" = buildah ]; then
@@ -71,7 +78,7 @@ fi
 
 cd "$root"
 for image in "$@"; do
-  ref="${name[$image]}:$tag"
+  ref="${name[$image]}:$tag${suffix[$image]:-}"
   arg=${base_arg[$image]}
   if [ "$builder" = buildah ] && [ -z "${base[$arg]}" ]; then
     # Made (or found in the cache) once per run, for the first image that needs it.

@@ -42,10 +42,11 @@ KUBERNETES_SERVICE_IP = "10.0.0.1"
 DEFAULT_IMAGES = (
     "ghcr.io/trainingrun/agent:dev",
     "ghcr.io/trainingrun/finetune-example:dev",
+    "ghcr.io/trainingrun/finetune-example:dev-user",
     "ghcr.io/trainingrun/operator:dev",
 )
 OWNER_FILE = "environment"  # in the state folder: the environment's name
-UP_TIMEOUT_S = 900  # a cold import of the 6 GB example image takes about 3 minutes
+UP_TIMEOUT_S = 900  # bounds a cold start: the images' first import
 DOWN_TIMEOUT_S = 180
 
 

@@ -7,7 +7,12 @@ containerd and runc running the images ``make images`` built), facts measured th
 - native sidecar order as the real kubelet keeps it: the sync sidecar starts before the trainer
   and ends after it;
 - the downward-API refresh (the operator's notice annotation reaching the sidecar's file): 5
-  samples, max at most 5 s.
+  samples, max at most 5 s;
+- users and modes: the example trainer as root (its image as it is), as its image's ``USER
+  1000`` the operator cannot see, and with ``runAsUser: 1000`` in the template, each evicted
+  once: the sidecar commits every checkpoint (safetensors writes 0600), the resumed trainer
+  reads the restored files, and its rotation (``save_total_limit`` 1) deletes the restored
+  checkpoint from the shared folder.
 
 A tier of its own: ``make test-real-node`` (the node's tools and images, then these tests with
 ``TRAININGRUN_REAL_NODE=1``); ``make test`` deselects it.
@@ -35,6 +40,7 @@ from tests import localenv as localenv_mod
 from tests import localnode
 from tests.conftest import paused_session_operators
 from tests.integration.support import Runs, credentials_secret, wait_for
+from trainingrun.contract import CHECKPOINT_VOLUME
 
 # Its own tier: ``make test`` deselects it (``-m "not realnode"``), ``make test-real-node``
 # builds the node's tools and images and runs it.
@@ -46,6 +52,10 @@ AGENT_IMAGE = "ghcr.io/trainingrun/agent:dev"
 MAX_STEPS, SAVE_STEPS, STEP_DELAY = 60, 10, 0.5
 EVICT_AFTER_STEP = 20
 NOTICE_MAX_S = 5.0  # issue 46: a GCP notice is 30 s, of which 15-25 s are usable
+AS_1000 = {"runAsUser": 1000, "runAsGroup": 1000}
+# The example image with USER 1000 (tests/e2e/Dockerfile.user: a user the operator cannot see).
+USER_IMAGE = "ghcr.io/trainingrun/finetune-example:dev-user"
+USERS_STEPS, USERS_SAVE = 40, 10
 
 
 @dataclass
@@ -100,11 +110,12 @@ def real_node(localenv: localenv_mod.LocalEnv) -> Iterator[RealNode]:
             core.delete_namespace(namespace)
 
 
-def finetune_run(node: RealNode, name: str) -> dict[str, Any]:
-    """The example manifest on the real node: its image, never pulled; S3 at the node's gateway;
-    the trainer as uid 1000 (the agents then run as 1000 too: as root, transformers' 0600
-    model.safetensors is unreadable to the agent image's uid 65532); half a CPU, so two runs fit
-    the node's two."""
+def finetune_run(
+    node: RealNode, name: str, user: dict[str, Any] | None = None, image: str | None = None
+) -> dict[str, Any]:
+    """The example manifest on the real node: its image (or ``image``), never pulled; S3 at the
+    node's gateway; the trainer's ``securityContext`` ``user`` (none: the image's user); half a
+    CPU, so two runs fit the node's two."""
     run: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
     run["metadata"] = {"name": name}
     run["spec"]["checkpoint"]["storage"] = {
@@ -117,13 +128,16 @@ def finetune_run(node: RealNode, name: str) -> dict[str, Any]:
     pod_spec.update(localnode.placement())
     trainer = pod_spec["containers"][0]
     trainer["imagePullPolicy"] = "Never"
+    if image is not None:
+        trainer["image"] = image
     trainer["args"] = [
         f"--max-steps={MAX_STEPS}",
         f"--save-steps={SAVE_STEPS}",
         f"--step-delay={STEP_DELAY}",
     ]
     trainer["env"] = [{"name": "HOME", "value": "/tmp"}]
-    trainer["securityContext"] = {"runAsUser": 1000, "runAsGroup": 1000}
+    if user is not None:
+        trainer["securityContext"] = user
     trainer["resources"] = {
         "requests": {"cpu": "500m", "memory": "1Gi"},
         "limits": {"memory": "2Gi"},
@@ -209,7 +223,7 @@ def eviction(real_node: RealNode) -> Eviction:
     through the Eviction API once checkpoint 20 is committed; both to their end."""
     ref, evicted = "ref", "evicted"
     for name in (ref, evicted):
-        apply(real_node, finetune_run(real_node, name))
+        apply(real_node, finetune_run(real_node, name, user=AS_1000))
     runs = real_node.runs
     runs.wait_status(evicted, lambda s: s.get("activePod") == f"{evicted}-1", 60, "attempt 1")
     runs.wait_pod_running(f"{evicted}-1", timeout_s=180)
@@ -295,3 +309,123 @@ def test_downward_api_refresh_under_five_seconds(real_node: RealNode) -> None:
     median, most = float(found.group(1)), float(found.group(2))
     print(f"downward-API refresh, 5 samples: median {median:.3f} s, max {most:.3f} s")
     assert most <= NOTICE_MAX_S, proc.stdout
+
+
+# -- users and modes ---------------------------------------------------------------------------
+
+USERS = {
+    "as-root": (None, None),  # the example as it is: its image has no USER
+    "as-image-user": (None, USER_IMAGE),  # USER 1000 in the image, nothing in the template
+    "as-run-as-user": (AS_1000, None),
+}
+
+
+@dataclass
+class UsersRun:
+    final: dict[str, Any]
+    resume_step: int
+    committed: list[int]
+    agents: dict[str, Any]  # the agents' securityContext in the resumed pod
+    left_after_rotation: list[str]  # checkpoint folders in the resumed pod's volume
+    logs: str  # the resumed pod's trainer and sync logs
+
+
+def checkpoint_folders(node: RealNode, pod: str) -> list[str]:
+    """The checkpoint folders in ``pod``'s checkpoint volume, listed on the node's disk."""
+    uid = node.core.read_namespaced_pod(pod, node.namespace).metadata.uid
+    volume = (
+        localnode.state_dir()
+        / "kubelet"
+        / "pods"
+        / uid
+        / "volumes"
+        / "kubernetes.io~empty-dir"
+        / CHECKPOINT_VOLUME
+    )
+    return sorted(p.name for p in volume.glob("checkpoint-*"))
+
+
+@pytest.fixture(scope="module")
+def users(real_node: RealNode) -> dict[str, UsersRun]:
+    """The three runs side by side, each evicted once checkpoint 10 is committed; attempt 2
+    resumes from the SIGTERM save, restored by the restore as its own user, and rotates it away
+    (``--save-total-limit 1``) once it saved checkpoint 20."""
+    names = {variant: f"users-{variant.removeprefix('as-')}" for variant in USERS}
+    for variant, (user, image) in USERS.items():
+        run = finetune_run(real_node, names[variant], user=user, image=image)
+        trainer = run["spec"]["template"]["spec"]["containers"][0]
+        trainer["args"] = [
+            f"--max-steps={USERS_STEPS}",
+            f"--save-steps={USERS_SAVE}",
+            "--save-total-limit=1",
+            f"--step-delay={STEP_DELAY}",
+        ]
+        apply(real_node, run)
+    runs = real_node.runs
+    for name in names.values():
+        runs.wait_pod_running(f"{name}-1", timeout_s=180)
+    for name in names.values():
+        wait_for(lambda n=name: committed_steps(real_node, n)[-1:] >= [USERS_SAVE], 180, name)
+        pod = f"{name}-1"
+        real_node.core.create_namespaced_pod_eviction(
+            pod,
+            real_node.namespace,
+            client.V1Eviction(
+                metadata=client.V1ObjectMeta(name=pod, namespace=real_node.namespace)
+            ),
+        )
+    found: dict[str, UsersRun] = {}
+    for variant, name in names.items():
+        second = runs.wait_status(name, lambda s, n=name: s.get("activePod") == f"{n}-2", 120, name)
+        resume = int(second.get("resumeStep") or 0)
+        pod = f"{name}-2"
+        wait_for(lambda n=name: committed_steps(real_node, n)[-1:] >= [2 * USERS_SAVE], 180, pod)
+        left = checkpoint_folders(real_node, pod)
+        final = runs.wait_status(
+            name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300, f"{name}'s end"
+        )
+        spec = real_node.core.read_namespaced_pod(pod, real_node.namespace).spec
+        agents = {
+            c.name: c.security_context
+            for c in spec.init_containers or []
+            if c.name.startswith("trainingrun-")
+        }
+        logs = "".join(
+            real_node.env.kubectl("logs", pod, "-n", real_node.namespace, "-c", c, check=False)
+            for c in ("trainer", "trainingrun-sync")
+        )
+        found[variant] = UsersRun(
+            final, resume, committed_steps(real_node, name), agents, left, logs
+        )
+    return found
+
+
+@pytest.mark.parametrize("variant", list(USERS))
+def test_every_user_commits_restores_and_rotates(users: dict[str, UsersRun], variant: str) -> None:
+    run = users[variant]
+    print(
+        f"{variant}: resumed from {run.resume_step}, committed {run.committed}, folders after "
+        f"checkpoint-{2 * USERS_SAVE}: {run.left_after_rotation}"
+    )
+    assert run.final.get("phase") == "Succeeded", run.final
+    assert (run.final.get("restarts"), run.final.get("preemptions")) == (0, 1), run.final
+    # The sidecar read every checkpoint, the private model.safetensors included: the SIGTERM
+    # save, the resumed attempt's and the last were committed.
+    assert run.resume_step > USERS_SAVE, run.final
+    assert {run.resume_step, 2 * USERS_SAVE, USERS_STEPS} <= set(run.committed), run.committed
+    assert "Permission denied" not in run.logs and "PermissionError" not in run.logs, run.logs
+    # The trainer's rotation deleted the checkpoint the restore wrote as another user.
+    assert f"checkpoint-{run.resume_step}" not in run.left_after_rotation, run.left_after_rotation
+
+
+def test_the_agents_run_as_the_trainer_or_as_root_with_one_capability(
+    users: dict[str, UsersRun],
+) -> None:
+    for variant, run in users.items():
+        for name, sc in run.agents.items():
+            caps = sc.capabilities
+            if variant == "as-run-as-user":
+                assert (sc.run_as_user, caps.add) == (1000, None), (variant, name, sc)
+            else:  # root, or a user the template does not name
+                assert (sc.run_as_user, caps.add) == (0, ["DAC_OVERRIDE"]), (variant, name, sc)
+            assert caps.drop == ["ALL"] and sc.allow_privilege_escalation is False, sc
