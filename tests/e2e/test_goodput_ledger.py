@@ -50,13 +50,13 @@ from tests.podrunner import RunnerHandle
 from trainingrun import api
 from trainingrun.cli import ledger
 from trainingrun.cli.runs import table
+from trainingrun.decide.goodput import LEDGER_RECORD
 
 MAX_STEPS, SAVE_STEPS, STEP_DELAY = 120, 10, 0.4
 # Steps each preempted attempt trains past its resume point before it is preempted: ~10 s.
 TRAIN_FOR = 23
 NOTICE_TAINT = "example.com/reclaim"  # only this run's spec names it
 RUN = "ledger"
-LEDGER_RECORD = "ledger.json"
 PERCENT_POINTS = 2.0  # |percent - 100 * productive / wall|, in percentage points
 PARTS_RELATIVE = 0.02  # |sum of the five parts - wall| / wall
 PARTS = ("productive", "lost", "startup", "waiting", "stall")
@@ -110,8 +110,8 @@ class Trainer:
         return step + (4 - step % SAVE_STEPS) if step % SAVE_STEPS not in range(2, 8) else step
 
     def wait_step(self, attempt: int, step: int, timeout: float = 240) -> int:
-        """Returns the moment the trainer logs ``step`` (polled every 10 ms: the trainer is
-        still in the next step, whose end writes its progress, when this returns)."""
+        """Waits until the trainer logged ``step`` and returns the step it logged, polling every
+        10 ms: the trainer is then still in the next step, whose end writes its progress."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             last = self.last(attempt)
