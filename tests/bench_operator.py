@@ -23,8 +23,18 @@ seconds, that the other R-1 pods of attempt 1 are gone (the failed one stays for
 that each run's status counts restarts 1 and preemptions 0, and counts the ERROR and WARNING
 lines the operator logged meanwhile. Its own section of the markdown.
 
+With ``--progress SECONDS`` every run's sidecar publishes a progress record that changes each
+minute, and the operator's progress reads a second are counted over SECONDS of steady state
+before the failures. ``--compare-progress`` measures, in one invocation so that the ratios come
+from one state of a shared machine, the first fleet size three times, each with a fresh
+operator: without progress, with it, and with it while a share of the runs (``--hostile``)
+publish hostile records instead (100 MB, just under the store's cap, random bytes, a step of
+10^18, NaN and infinite rates); then each further size with progress on, for its reads a second.
+It checks that no hostile run's status shows a figure of its record while the good runs'
+progress moves, and writes its own section of the markdown.
+
     .venv/bin/python -m tests.bench_operator [--runs 500[,1000,...]] [--replicas 1] [--rate 20]
-        [--write docs/benchmarks.md]
+        [--progress SECONDS [--compare-progress [--hostile 0.1]]] [--write docs/benchmarks.md]
 
 Uses the local environment (``make cluster``), starting it when it is not up, in a namespace of
 its own. Every loop is bounded in count and time.
@@ -35,6 +45,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -45,6 +56,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
@@ -60,12 +72,14 @@ from tests.integration.support import (
 from trainingrun import api
 from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, encode
 from trainingrun.operator.settings import OperatorSettings
+from trainingrun.storage.base import MAX_GET_BYTES
 
 REPO = Path(__file__).resolve().parent.parent
 SECTION = "## Operator: failed attempt to replacement pod"
 GANG_SECTION = "## Operator: failed gang member to the next attempt's pods"
+PROGRESS_SECTION = "## Operator: progress reporting on and off, and hostile records"
 # Their sections of docs/benchmarks.md (benchutil.markers)
-NAME, GANG_NAME = "operator", "operator-gang"
+NAME, GANG_NAME, PROGRESS_NAME = "operator", "operator-gang", "operator-progress"
 OPERATOR_LOG = REPO / "out" / "bench-operator.log"  # appended to, run after run
 EXITED = {"terminated": {"exitCode": 1, "reason": "Error"}}
 REPLACEMENTS = "trainingrun.dev/attempt=2"
@@ -74,6 +88,26 @@ REPLACEMENTS = "trainingrun.dev/attempt=2"
 BESIDE = frozenset(
     {"etcd", "kube-apiserver", "kube-controller", "kube-scheduler", "kwok-controller", "weed"}
 )
+# Hostile progress records (--hostile): what a trainer, or anyone who can write to the run's
+# prefix, might put where the sidecar puts its ~250 bytes. All but the NaN rates are refused
+# whole; a record with NaN, infinite or negative rates is shown without them.
+HUGE, BIG, GARBAGE, STEP, NAN = "huge", "big", "garbage", "step", "nan"
+HOSTILE_KINDS = (HUGE, BIG, GARBAGE, STEP, NAN)
+HOSTILE_WORDS = {
+    HUGE: "100 MB (over the store's cap: refused unread)",
+    BIG: f"{(MAX_GET_BYTES >> 20) - 1} MiB of JSON (under the store's cap: read, then refused)",
+    GARBAGE: "1 KiB of random bytes",
+    STEP: "a step of 10^18",
+    NAN: "NaN, infinite and negative rates",
+}
+HUGE_BYTES = 100_000_000
+BIG_BYTES = MAX_GET_BYTES - (1 << 20)
+# 100 MB objects put into SeaweedFS, at most: 1 GB of the machine's disk.
+HUGE_RUNS = 10
+# Put once, when the publisher starts; the others are put again each minute.
+PUT_ONCE = frozenset({HUGE, BIG})
+# Bound on the wait for the replacements' status writes after their pods.
+SHOWN_SETTLE = 60.0
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -148,6 +182,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "the operator's reads of them over this many seconds before the failures (0: off)",
     )
     parser.add_argument(
+        "--compare-progress",
+        action="store_true",
+        help="the first --runs size without progress, with it, and with it and hostile records "
+        "(--hostile), each size after with progress on; needs --progress",
+    )
+    parser.add_argument(
+        "--hostile",
+        type=float,
+        default=0.1,
+        help="--compare-progress: share of the runs that publish hostile records instead",
+    )
+    parser.add_argument(
         "--write", type=Path, help="replace the operator section of this markdown file"
     )
     args = parser.parse_args(argv)
@@ -155,6 +201,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error("--runs, --replicas and --pods-per-node must be at least 1, --rate above 0")
     if args.replicas > 1 and len(args.runs) > 1:
         parser.error("gangs (--replicas above 1) are measured at one fleet size")
+    if args.compare_progress and (args.progress <= 0 or args.replicas > 1):
+        parser.error("--compare-progress needs --progress SECONDS and one pod per run")
+    if not 0 < args.hostile < 1:
+        parser.error("--hostile is a share of the runs, above 0 and below 1")
     # The operator's anti-affinity puts the pods of one attempt on distinct nodes.
     args.nodes = max(args.nodes, args.replicas)
     return args
@@ -222,6 +272,8 @@ def start_operator(cluster: Cluster, resync: float, resync_rate: float) -> Opera
             "TRAININGRUN_RESYNC_SECONDS": str(resync),
             "TRAININGRUN_RESYNC_RATE": str(resync_rate),
             "TRAININGRUN_CHECKPOINT_REFRESH_SECONDS": str(resync),
+            # The product's, not the integration tests' 1 s: the reads are those of a fleet.
+            "TRAININGRUN_PROGRESS_REFRESH_SECONDS": str(OperatorSettings.progress_refresh_seconds),
         },
     )
     op.start()
@@ -354,23 +406,102 @@ def inject_failures(
     return failed_at
 
 
+def good_step(index: int, minute: int) -> int:
+    """The step the ``index``-th run's record says in the publisher's ``minute``."""
+    return 100 + index + 60 * minute
+
+
+def good_record(index: int, minute: int, now: float) -> ProgressRecord:
+    step = good_step(index, minute)
+    return ProgressRecord(step, 1, 0, now - step, now, total_steps=100_000)
+
+
+def hostile_plan(names: list[str], share: float, huge_at_most: int = HUGE_RUNS) -> dict[str, str]:
+    """The runs that publish hostile records, spread evenly over ``names`` (so over the
+    failures, which go in name order), and the kind each publishes: every kind in turn, the
+    100 MB one at most ``huge_at_most`` times."""
+    count = round(len(names) * share)
+    if count < 1:
+        return {}
+    stride = len(names) / count
+    picked = [names[int((j + 1) * stride) - 1] for j in range(count)]
+    others = [k for k in HOSTILE_KINDS if k != HUGE]
+    plan, huge, turn = {}, 0, 0
+    for j, name in enumerate(picked):
+        if j % len(HOSTILE_KINDS) == 0 and huge < huge_at_most:
+            plan[name], huge = HUGE, huge + 1
+        else:
+            plan[name], turn = others[turn % len(others)], turn + 1
+    return plan
+
+
+def hostile_body(kind: str, index: int, minute: int, now: float) -> bytes:
+    """What the ``index``-th run, a hostile one of ``kind``, publishes in ``minute``."""
+    if kind == HUGE:
+        return bytes(HUGE_BYTES)
+    if kind == BIG:
+        # A well-formed record padded to just under the store's cap: the store reads it whole.
+        raw = dict(json.loads(encode(good_record(index, minute, now))), pad="")
+        raw["pad"] = "x" * (BIG_BYTES - len(json.dumps(raw)))
+        return json.dumps(raw).encode()
+    if kind == GARBAGE:
+        return random.Random(f"{index}/{minute}").randbytes(1024)
+    if kind == STEP:
+        return encode(ProgressRecord(10**18 + minute, 1, 0, now - 100, now, total_steps=100_000))
+    if kind == NAN:
+        # json writes them as NaN, Infinity and -Infinity, which Python's json reads back.
+        samples, tokens = (math.nan, math.inf) if index % 2 else (-math.inf, -5.0)
+        step = good_step(index, minute)
+        return encode(
+            ProgressRecord(
+                step,
+                1,
+                0,
+                now - step,
+                now,
+                total_steps=100_000,
+                samples_per_second=samples,
+                tokens_per_second=tokens,
+            )
+        )
+    raise ValueError(f"no hostile record of kind {kind!r}")
+
+
 class ProgressPublisher:
     """Every run's sidecar publishing progress: a new record for each run every minute (a step
     further), spread over the minute, so that each read the operator makes finds a change and
-    writes the status, as it would for a fleet that trains."""
+    writes the status, as it would for a fleet that trains. The runs in ``hostile`` publish
+    their kind of hostile record instead: the large ones once, the others each minute."""
 
-    def __init__(self, cluster: Cluster, names: list[str]) -> None:
+    def __init__(
+        self, cluster: Cluster, names: list[str], hostile: dict[str, str] | None = None
+    ) -> None:
         self._cluster, self._names = cluster, names
+        self._hostile = hostile or {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, daemon=True)
         self.puts = 0
 
     def start(self) -> None:
+        self.publish_once()
         self.publish_all(0)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+
+    def _key(self, name: str) -> str:
+        return f"bench-{self._cluster.ns}/{self._cluster.ns}/{name}/{PROGRESS_RECORD}"
+
+    def publish_once(self) -> None:
+        s3 = localenv.s3_client(self._cluster.env)
+        bodies: dict[str, bytes] = {}
+        for i, name in enumerate(self._names):
+            kind = self._hostile.get(name)
+            if kind in PUT_ONCE:
+                body = bodies.setdefault(kind, hostile_body(kind, i, 0, time.time()))
+                s3.put_object(Bucket=self._cluster.env.bucket, Key=self._key(name), Body=body)
+                self.puts += 1
 
     def publish_all(self, minute: int) -> None:
         s3 = localenv.s3_client(self._cluster.env)
@@ -378,11 +509,13 @@ class ProgressPublisher:
         for i, name in enumerate(self._names):
             if minute and self._stop.wait(max(0.0, start + i * pace - time.monotonic())):
                 return
-            now = time.time()
-            step = 100 + i + 60 * minute
-            record = ProgressRecord(step, 1, 0, now - step, now, total_steps=100_000)
-            key = f"bench-{self._cluster.ns}/{self._cluster.ns}/{name}/{PROGRESS_RECORD}"
-            s3.put_object(Bucket=self._cluster.env.bucket, Key=key, Body=encode(record))
+            kind, now = self._hostile.get(name), time.time()
+            if kind in PUT_ONCE:
+                continue
+            body = (
+                hostile_body(kind, i, minute, now) if kind else encode(good_record(i, minute, now))
+            )
+            s3.put_object(Bucket=self._cluster.env.bucket, Key=self._key(name), Body=body)
             self.puts += 1
 
     def _loop(self) -> None:
@@ -392,20 +525,138 @@ class ProgressPublisher:
             minute += 1
 
 
-def progress_reads(op: OperatorProcess, seconds: float) -> float:
-    """The operator's reads of progress records a second over ``seconds`` of steady state (its
-    only plain GETs to the bucket then: the manifests are read with their ETag)."""
+@dataclass
+class Rest:
+    """The operator at steady state before the failures, a second over ``seconds``."""
 
-    def gets() -> float:
+    seconds: float
+    progress_reads: float  # its plain GETs to the bucket (the manifests are read with an ETag)
+    status_writes: float  # PATCHes of the runs' status
+    cpu_ms: float  # its CPU
+
+
+def rest_between(
+    before: dict[str, float], after: dict[str, float], seconds: float, cpu_seconds_used: float
+) -> Rest:
+    """A second, from two scrapes of the operator's metrics page ``seconds`` apart."""
+
+    def grown(wanted: str, *labels: str) -> float:
         return sum(
-            v
-            for k, v in op.metrics().items()
-            if k.startswith("trainingrun_bucket_calls_total") and 'operation="get"' in k
+            v - before.get(k, 0.0)
+            for k, v in after.items()
+            if k.startswith(wanted + "{") and all(label in k for label in labels)
         )
 
-    before, t0 = gets(), time.monotonic()
+    per = max(seconds, 1e-9)
+    reads = grown("trainingrun_bucket_calls_total", 'operation="get"')
+    writes = grown("trainingrun_api_calls_total", 'verb="PATCH"', "trainingruns", '/status"')
+    return Rest(seconds, reads / per, writes / per, cpu_seconds_used * 1000 / per)
+
+
+def at_rest(op: OperatorProcess, seconds: float) -> Rest:
+    """The operator's progress reads, status writes and CPU a second over ``seconds``."""
+    assert op.proc is not None
+    t0, cpu0, before = time.monotonic(), cpu_seconds(op.proc.pid), op.metrics()
     time.sleep(seconds)
-    return (gets() - before) / (time.monotonic() - t0)
+    t1, cpu1, after = time.monotonic(), cpu_seconds(op.proc.pid), op.metrics()
+    return rest_between(before, after, t1 - t0, cpu1 - cpu0)
+
+
+@dataclass
+class Shown:
+    """What the runs' statuses show of their progress records."""
+
+    good: int  # runs that publish well-formed records
+    good_shown: int  # of those, showing progress
+    good_moved: int  # of those, showing a step published after their first
+    nan: int  # runs whose records have NaN, infinite or negative rates
+    nan_shown: int  # of those, showing their step (their rates dropped)
+    refused: int  # runs whose records are refused whole
+    wrong: list[str] = field(default_factory=list)  # runs that show what no valid record said
+
+
+def check_shown(
+    statuses: dict[str, dict[str, Any]],
+    names: list[str],
+    plan: dict[str, str],
+) -> Shown:
+    """Reads each run's status against what it published: a well-formed record (or one with
+    NaN rates) shows a step the run published, without the bad rates; a refused one shows no
+    progress, and no step in the run's attempts either (the goodput ledger's)."""
+    shown = Shown(0, 0, 0, 0, 0, 0)
+    for i, name in enumerate(names):
+        status = statuses.get(name) or {}
+        progress = status.get("progress")
+        kind = plan.get(name)
+        if kind not in (None, NAN):
+            shown.refused += 1
+            steps = [
+                a
+                for a in status.get("attempts") or []
+                if a.get("firstStep") is not None or a.get("lastStep") is not None
+            ]
+            if progress is not None or steps:
+                shown.wrong.append(name)
+            continue
+        step, first = (progress or {}).get("step"), good_step(i, 0)
+        # The steps the publisher gives this run: its first, then one more minute's each time.
+        ours = isinstance(step, int) and step >= first and (step - first) % 60 == 0
+        rates = progress is not None and (
+            progress.get("samplesPerSecond") is not None
+            or progress.get("tokensPerSecond") is not None
+        )
+        if progress is not None and (not ours or (kind == NAN and rates)):
+            shown.wrong.append(name)
+        moved = ours and step != first
+        if kind == NAN:
+            shown.nan += 1
+            shown.nan_shown += progress is not None
+        else:
+            shown.good += 1
+            shown.good_shown += progress is not None
+            shown.good_moved += moved
+    return shown
+
+
+def settled_shown(cluster: Cluster, names: list[str], plan: dict[str, str], bound: float) -> Shown:
+    """The statuses once every good run shows a step past its first, or after ``bound``
+    seconds: the pass that creates a replacement reads the run's newest record (an attempt's
+    end reads it whatever the interval) and writes the status just after the pod."""
+    give_up = time.monotonic() + bound
+    while True:
+        shown = check_shown(run_statuses(cluster), names, plan)
+        if shown.good_moved == shown.good or time.monotonic() > give_up:
+            return shown
+        time.sleep(2)
+
+
+def run_statuses(cluster: Cluster) -> dict[str, dict[str, Any]]:
+    """Every run's status, by name, as plain JSON."""
+    resp = cluster.custom.list_namespaced_custom_object(
+        api.GROUP, api.VERSION, cluster.ns, api.PLURAL, _preload_content=False
+    )
+    items = json.loads(resp.data)["items"]
+    return {r["metadata"]["name"]: r.get("status") or {} for r in items}
+
+
+REFUSAL = re.compile(r"[\w.-]+/([\w.-]+): no progress shown: (.*)$")
+
+
+def refusals(lines: list[str], plan: dict[str, str]) -> tuple[dict[str, int], list[str]]:
+    """The operator's "no progress shown" log lines: how many for each reason (object names
+    left out), and the runs they name that published well-formed records."""
+    reasons: dict[str, int] = {}
+    others: list[str] = []
+    for line in lines:
+        found = REFUSAL.search(line)
+        if not found:
+            continue
+        run, why = found.groups()
+        why = re.sub(r"\S+://\S+ ", "", why)
+        reasons[why] = reasons.get(why, 0) + 1
+        if plan.get(run) in (None, NAN):
+            others.append(run)
+    return reasons, others
 
 
 @dataclass
@@ -555,6 +806,32 @@ class Measured:
     check: GangCheck | None = None
     problems: tuple[int, int] = (0, 0)
     beside_ms: dict[str, float] = field(default_factory=dict)  # CPU per replacement, by process
+    variant: Variant | None = None
+    load: float = float("nan")  # the machine's 1-minute load as the failures began
+    rest: Rest | None = None  # with --progress: the steady state before the failures
+    # With progress published: the statuses after the steady state, and after the replacements
+    # (whose passes read each run's record at its attempt's end).
+    shown: Shown | None = None
+    shown_after: Shown | None = None
+    hostile_lat: Latencies | None = None  # the replacements of the hostile runs alone
+    reasons: dict[str, int] = field(default_factory=dict)  # "no progress shown", by reason
+    refused_good: list[str] = field(default_factory=list)  # runs refused that should not be
+
+
+@dataclass(frozen=True)
+class Variant:
+    """What the runs publish in one measurement: nothing, progress, or progress with a share of
+    hostile records."""
+
+    progress: bool = False
+    hostile: float = 0.0
+
+    def label(self) -> str:
+        if not self.progress:
+            return "progress off"
+        if not self.hostile:
+            return "progress on"
+        return f"progress on, {self.hostile:.0%} of runs hostile"
 
 
 def single_lines(args: argparse.Namespace, sizes: list[Measured]) -> tuple[list[str], bool]:
@@ -675,30 +952,42 @@ def write(path: Path, name: str, section: str, argv: list[str] | None, lines: li
     write_section(path, name, stamped(text, "Local kwok control plane and SeaweedFS."))
 
 
-def measure(args: argparse.Namespace, runs: int) -> Measured:
-    """One fleet size: set up, attempt 1 running everywhere, the failures, the replacements."""
+def measure(args: argparse.Namespace, runs: int, variant: Variant) -> Measured:
+    """One fleet size: set up, attempt 1 running everywhere, the steady state (with
+    ``--progress``), the failures, the replacements."""
     deadline = time.monotonic() + args.timeout
     nodes = max(args.nodes, -(-runs * args.replicas // args.pods_per_node))
+    print(f"{runs} runs, {variant.label()}: load {os.getloadavg()[0]:.2f}", flush=True)
     cluster = set_up(nodes)
     log_from = OPERATOR_LOG.stat().st_size if OPERATOR_LOG.exists() else 0
     op = start_operator(cluster, args.resync, args.resync_rate)
     assert op.proc is not None
     watcher = ReplacementWatch(cluster, deadline)
-    check = None
+    check = rest = shown = shown_after = hostile_lat = None
     publisher: ProgressPublisher | None = None
     try:
         names = [f"r{i:04d}" for i in range(runs)]
+        plan = hostile_plan(names, variant.hostile) if variant.hostile else {}
         t0 = time.monotonic()
         create_runs(cluster, names, args.replicas)
         wait_attempt_1_running(cluster, runs * args.replicas, t0, deadline)
-        if args.progress:
-            publisher = ProgressPublisher(cluster, names)
+        if variant.progress:
+            publisher = ProgressPublisher(cluster, names, plan)
             publisher.start()
-            reads = progress_reads(op, args.progress)
-            print(f"progress reads: {reads:.2f}/s over {args.progress:g} s", flush=True)
+        if args.progress:
+            rest = at_rest(op, args.progress)
+            print(
+                f"at rest over {rest.seconds:.0f} s: {rest.progress_reads:.2f} progress reads/s, "
+                f"{rest.status_writes:.2f} status writes/s, operator CPU {rest.cpu_ms:.0f} ms/s",
+                flush=True,
+            )
+        if publisher is not None:
+            shown = check_shown(run_statuses(cluster), names, plan)
+            print(f"statuses at rest: {shown}", flush=True)
         watcher.start()
         time.sleep(1)
 
+        load = os.getloadavg()[0]
         rng = random.Random(args.seed)
         victims = {n: pod_name(n, 1, rng.randrange(args.replicas), args.replicas) for n in names}
         cpu_before, calls_before = cpu_seconds(op.proc.pid), op.metrics()
@@ -714,6 +1003,14 @@ def measure(args: argparse.Namespace, runs: int) -> Measured:
         }
         beside["this benchmark"] = (cpu_seconds(os.getpid()) - bench_before) * 1000 / replacements
         calls = calls_between(calls_before, op.metrics(), replacements)
+        if plan:
+            hostile = [n for n in names if n in plan]
+            hostile_lat = wait_replacements(
+                watcher.created_at, hostile, failed_at, args.replicas, deadline
+            )
+        if publisher is not None:
+            shown_after = settled_shown(cluster, names, plan, SHOWN_SETTLE)
+            print(f"statuses after the replacements: {shown_after}", flush=True)
         if args.replicas > 1:
             check = check_gangs(cluster, victims, args.settle)
     finally:
@@ -723,14 +1020,168 @@ def measure(args: argparse.Namespace, runs: int) -> Measured:
         op.stop()
         tear_down(cluster)
     problems = log_problems(OPERATOR_LOG, log_from)
-    return Measured(runs, nodes, lat, rss, cpu_ms, calls, check, problems, beside)
+    with OPERATOR_LOG.open("rb") as f:
+        f.seek(log_from)
+        reasons, refused_good = refusals(f.read().decode(errors="replace").splitlines(), plan)
+    return Measured(
+        runs,
+        nodes,
+        lat,
+        rss,
+        cpu_ms,
+        calls,
+        check,
+        problems,
+        beside,
+        variant,
+        load,
+        rest,
+        shown,
+        shown_after,
+        hostile_lat,
+        reasons,
+        refused_good,
+    )
+
+
+def progress_plan(args: argparse.Namespace) -> list[tuple[int, Variant]]:
+    """What --compare-progress measures, in order: the first size off, on, and on with hostile
+    records; each further size on."""
+    first, *more = args.runs
+    side_by_side = [Variant(), Variant(progress=True), Variant(True, args.hostile)]
+    return [(first, v) for v in side_by_side] + [(n, Variant(progress=True)) for n in more]
+
+
+def progress_lines(args: argparse.Namespace, done: list[Measured]) -> tuple[list[str], bool]:
+    """One table for --compare-progress, and its targets: at the first size with progress on,
+    p99 <= 0.5 s; at every size, progress reads under 20 a second and status writes at most one
+    a minute per run; hostile records shown by no run, the good runs' progress moving, and the
+    operator's memory, CPU and reaction as with progress alone."""
+    lines = [
+        f"Each row a fresh operator and namespace; resync {args.resync:g} s, at most "
+        f"{args.resync_rate:g} periodic passes a second, progress read at most once a minute "
+        "per run. With progress on, every run publishes a record whose step changes each "
+        f"minute. At rest: {args.progress:g} s of steady state, then failures at {args.rate:g}/s; "
+        "the latency is from a pod's failure to its replacement's creation.",
+        "",
+        "| runs | progress | load | p50 | p99 | max | peak RSS | CPU per replacement "
+        "| operator CPU at rest | progress reads | status writes |",
+        "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+
+    def row(runs: int, what: str, load: str, values: list[float], m: Measured | None) -> str:
+        p50, p99, top = (
+            (percentile(values, 0.5), percentile(values, 0.99), max(values))
+            if values
+            else (math.nan, math.inf, math.nan)
+        )
+        cells = [str(runs), what, load, f"{p50:.3f} s", f"{p99:.3f} s", f"{top:.3f} s"]
+        if m is None:
+            cells += [""] * 5
+        else:
+            rest = m.rest or Rest(0, math.nan, math.nan, math.nan)
+            cells += [
+                f"{m.rss:.0f} MB",
+                f"{m.cpu_ms:.1f} ms",
+                f"{rest.cpu_ms:.0f} ms/s",
+                f"{rest.progress_reads:.1f}/s",
+                f"{rest.status_writes:.1f}/s",
+            ]
+        return "| " + " | ".join(cells) + " |"
+
+    for m in done:
+        assert m.variant is not None
+        lines.append(row(m.runs, m.variant.label(), f"{m.load:.1f}", m.lat.all, m))
+        if m.hostile_lat is not None:
+            lines.append(row(m.runs, "of which the hostile runs", "", m.hostile_lat.all, None))
+    lines.append("")
+    ok = True
+
+    def target(text: str, met: bool) -> None:
+        nonlocal ok
+        ok &= met
+        lines.append(f"- {text}: " + ("met" if met else "NOT met"))
+
+    first = done[0].runs
+    on = [m for m in done if m.variant == Variant(progress=True)]
+    off = next((m for m in done if m.variant == Variant()), None)
+    hostile = next((m for m in done if m.variant and m.variant.hostile), None)
+    for m in on:
+        if m.runs == first:
+            p99 = percentile(m.lat.all, 0.99) if m.lat.all else math.inf
+            beside = f" (without progress {percentile(off.lat.all, 0.99):.3f} s)" if off else ""
+            target(
+                f"{m.runs} runs, progress on: p99 {p99:.3f} s <= 0.5 s{beside}, no replacement "
+                f"missing ({m.lat.missing})",
+                p99 <= 0.5 and m.lat.missing == 0,
+            )
+    for m in done:
+        if m.rest is None or not m.variant or not m.variant.progress:
+            continue
+        rest = m.rest
+        target(
+            f"{m.runs} runs, {m.variant.label()}: progress reads {rest.progress_reads:.1f}/s < 20, "
+            f"status writes {rest.status_writes:.1f}/s <= one a minute per run "
+            f"({m.runs / 60:.1f}/s)",
+            rest.progress_reads < 20 and rest.status_writes <= m.runs / 60,
+        )
+        if m.shown is None or m.shown_after is None:
+            continue
+        at_rest, after = m.shown, m.shown_after
+        wrong = sorted(set(at_rest.wrong) | set(after.wrong))
+        target(
+            f"{m.runs} runs, {m.variant.label()}: statuses showing what no valid record of the "
+            f"run's own said: {len(wrong)} {', '.join(wrong[:5])}; the well-formed runs' "
+            f"progress shown after the {args.progress:g} s at rest: {at_rest.good_shown} of "
+            f"{at_rest.good}, past their first record after the replacements: "
+            f"{after.good_moved} of {after.good}",
+            not wrong and after.good_moved == after.good,
+        )
+    if hostile is not None and hostile.shown_after is not None:
+        after = hostile.shown_after
+        kinds: dict[str, int] = {}
+        for kind in hostile_plan([f"{i}" for i in range(hostile.runs)], args.hostile).values():
+            kinds[kind] = kinds.get(kind, 0) + 1
+        lines.append(
+            f"- the hostile runs ({after.refused + after.nan} of {hostile.runs}, every "
+            f"{hostile.runs // (after.refused + after.nan)}th) published: "
+            + "; ".join(f"{HOSTILE_WORDS[k]}: {n}" for k, n in kinds.items())
+        )
+        target(
+            f"hostile records change only their run's display: the refused ones show no progress "
+            f"and no step in the goodput ledger ({after.refused} runs), the NaN-rate ones their "
+            f"step without the rates ({after.nan_shown} of {after.nan}); the operator refused no "
+            f"other run's record ({len(hostile.refused_good)})",
+            not after.wrong and not hostile.refused_good and after.nan_shown == after.nan,
+        )
+        if hostile.reasons:
+            lines.append(
+                '- the operator\'s log, "no progress shown" lines by reason: '
+                + "; ".join(f"{why}: {n}" for why, n in sorted(hostile.reasons.items()))
+            )
+        base = next((m for m in on if m.runs == hostile.runs), None)
+        if base is not None:
+            p99 = percentile(hostile.lat.all, 0.99) if hostile.lat.all else math.inf
+            rss, cpu = hostile.rss / base.rss, hostile.cpu_ms / base.cpu_ms
+            target(
+                f"with hostile records as with progress alone: peak RSS {rss:.2f}x "
+                f"({hostile.rss - base.rss:+.0f} MB; <= 1.1x), CPU per replacement {cpu:.2f}x "
+                f"(<= 1.2x), p99 {p99:.3f} s <= 0.5 s, no replacement missing "
+                f"({hostile.lat.missing})",
+                rss <= 1.1 and cpu <= 1.2 and p99 <= 0.5 and hostile.lat.missing == 0,
+            )
+    return lines, ok
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.compare_progress:
+        plan = progress_plan(args)
+    else:
+        plan = [(runs, Variant(progress=args.progress > 0)) for runs in args.runs]
     sizes = []
-    for runs in args.runs:
-        m = measure(args, runs)
+    for runs, variant in plan:
+        m = measure(args, runs, variant)
         print(
             f"{runs} runs: p99 {percentile(m.lat.all, 0.99) if m.lat.all else float('inf'):.3f} s,"
             f" RSS {m.rss:.0f} MB, CPU per replacement {m.cpu_ms:.1f} ms, API calls per "
@@ -742,13 +1193,17 @@ def main(argv: list[str] | None = None) -> int:
         if m.beside_ms:
             print(beside_line(args, m), flush=True)
         sizes.append(m)
-    if args.replicas > 1:
+    if args.compare_progress:
+        lines, ok = progress_lines(args, sizes)
+    elif args.replicas > 1:
         lines, ok = gang_lines(args, sizes[0])
     else:
         lines, ok = single_lines(args, sizes)
     print("\n".join(lines))
     if args.write:
-        if args.replicas == 1:
+        if args.compare_progress:
+            write(args.write, PROGRESS_NAME, PROGRESS_SECTION, argv, lines)
+        elif args.replicas == 1:
             write(args.write, NAME, SECTION, argv, lines)
         else:
             write(args.write, GANG_NAME, GANG_SECTION, argv, lines)
