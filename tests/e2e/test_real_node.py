@@ -55,7 +55,7 @@ NOTICE_MAX_S = 5.0  # issue 46: a GCP notice is 30 s, of which 15-25 s are usabl
 AS_1000 = {"runAsUser": 1000, "runAsGroup": 1000}
 # The example image with USER 1000 (tests/e2e/Dockerfile.user: a user the operator cannot see).
 USER_IMAGE = "ghcr.io/trainingrun/finetune-example:dev-user"
-USERS_STEPS, USERS_SAVE = 40, 10
+USERS_STEPS, USERS_SAVE = 60, 10
 
 
 @dataclass
@@ -345,6 +345,12 @@ def checkpoint_folders(node: RealNode, pod: str) -> list[str]:
     return sorted(p.name for p in volume.glob("checkpoint-*"))
 
 
+def first_save(resume: int) -> int:
+    """The first checkpoint an attempt resumed from ``resume`` saves (its rotation then deletes
+    the restored one)."""
+    return (resume // USERS_SAVE + 1) * USERS_SAVE
+
+
 @pytest.fixture(scope="module")
 def users(real_node: RealNode) -> dict[str, UsersRun]:
     """The three runs side by side, each evicted once checkpoint 10 is committed; attempt 2
@@ -374,13 +380,18 @@ def users(real_node: RealNode) -> dict[str, UsersRun]:
                 metadata=client.V1ObjectMeta(name=pod, namespace=real_node.namespace)
             ),
         )
+    resumed = {}
+    for name in names.values():
+        second = runs.wait_status(name, lambda s: int(s.get("attempt") or 0) >= 2, 120, name)
+        resumed[name] = int(second.get("resumeStep") or 0)
+    left = {}
+    for name in names.values():  # while each attempt 2 runs: its volume is on the node's disk
+        step = first_save(resumed[name])
+        wait_for(lambda n=name, k=step: committed_steps(real_node, n)[-1:] >= [k], 180, name)
+        left[name] = checkpoint_folders(real_node, f"{name}-2")
     found: dict[str, UsersRun] = {}
     for variant, name in names.items():
-        second = runs.wait_status(name, lambda s, n=name: s.get("activePod") == f"{n}-2", 120, name)
-        resume = int(second.get("resumeStep") or 0)
         pod = f"{name}-2"
-        wait_for(lambda n=name: committed_steps(real_node, n)[-1:] >= [2 * USERS_SAVE], 180, pod)
-        left = checkpoint_folders(real_node, pod)
         final = runs.wait_status(
             name, lambda s: s.get("phase") in ("Succeeded", "Failed"), 300, f"{name}'s end"
         )
@@ -395,7 +406,7 @@ def users(real_node: RealNode) -> dict[str, UsersRun]:
             for c in ("trainer", "trainingrun-sync")
         )
         found[variant] = UsersRun(
-            final, resume, committed_steps(real_node, name), agents, left, logs
+            final, resumed[name], committed_steps(real_node, name), agents, left[name], logs
         )
     return found
 
@@ -405,14 +416,15 @@ def test_every_user_commits_restores_and_rotates(users: dict[str, UsersRun], var
     run = users[variant]
     print(
         f"{variant}: resumed from {run.resume_step}, committed {run.committed}, folders after "
-        f"checkpoint-{2 * USERS_SAVE}: {run.left_after_rotation}"
+        f"checkpoint-{first_save(run.resume_step)}: {run.left_after_rotation}"
     )
     assert run.final.get("phase") == "Succeeded", run.final
     assert (run.final.get("restarts"), run.final.get("preemptions")) == (0, 1), run.final
     # The sidecar read every checkpoint, the private model.safetensors included: the SIGTERM
     # save, the resumed attempt's and the last were committed.
     assert run.resume_step > USERS_SAVE, run.final
-    assert {run.resume_step, 2 * USERS_SAVE, USERS_STEPS} <= set(run.committed), run.committed
+    saved = {run.resume_step, first_save(run.resume_step), USERS_STEPS}
+    assert saved <= set(run.committed), run.committed
     assert "Permission denied" not in run.logs and "PermissionError" not in run.logs, run.logs
     # The trainer's rotation deleted the checkpoint the restore wrote as another user.
     assert f"checkpoint-{run.resume_step}" not in run.left_after_rotation, run.left_after_rotation
