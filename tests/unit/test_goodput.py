@@ -13,7 +13,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tests.unit.builders import NAMESPACE, PodBuilder, make_node
-from tests.unit.test_reconciler import RUN, World
+from tests.unit.test_reconciler import RUN, World, _trainer_saved_on_notice_and_exited
 from trainingrun.api import AttemptRecord, TrainingRunStatus
 from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, decode, encode
 from trainingrun.contract import rfc3339
@@ -399,3 +399,133 @@ def test_a_hostile_save_time_is_dropped(value: object) -> None:
     raw = json.loads(encode(progress(1, 1, 20, 31, 80)))
     raw["save_seconds"] = value
     assert decode(json.dumps(raw).encode()).save_seconds is None
+
+
+# -- the last word, after the attempt ended --------------------------------------------------
+
+NOTICE = Outcome(End.PREEMPTED, R.PREEMPTION_NOTICE, "ended after preemption notice")
+
+
+def noticed_at_25() -> TrainingRunStatus:
+    """Attempt 1 ends on a notice, the operator having seen step 25 with 20 committed; its
+    sidecar has not said its last word yet."""
+    s = goodput.begun(TrainingRunStatus(attempt=1), None, at(10))
+    s = goodput.seen(s, progress(1, 1, 20, 25, 68))
+    return goodput.ended(s, NOTICE, 20, T0, at(85))
+
+
+def test_the_last_word_after_the_end_corrects_the_attempt() -> None:
+    s = noticed_at_25()
+    assert goodput.awaits_last_word(s)
+    assert s.attempts[-1].steps_lost == 5
+
+    last = replace(progress(1, 1, 20, 31, 80), final=True)
+    s = goodput.seen(s, last)
+
+    closed = s.attempts[-1]
+    assert (closed.last_step, closed.steps_lost, closed.last_word) == (31, 11, True)
+    assert not goodput.awaits_last_word(s)
+    g = goodput.shown(s, T0, at(85), finished=False).goodput
+    assert g is not None and g.steps_lost.notice == 11
+    # Seen once: a later record of that attempt changes nothing more.
+    assert goodput.seen(s, replace(last, step=99)) == s
+
+
+def test_the_resume_step_is_what_the_ended_attempt_committed() -> None:
+    s = goodput.seen(noticed_at_25(), replace(progress(1, 1, 20, 31, 80), final=True))
+    s = s.model_copy(update={"attempt": 2})
+
+    s = goodput.begun(s, 31, at(90))  # its save at the notice committed after it ended
+
+    first = s.attempts[0]
+    assert (first.committed_step, first.steps_lost) == (31, 0)
+    g = goodput.shown(s, T0, at(90), finished=False).goodput
+    assert g is not None and g.steps_lost.notice == 0
+
+
+def test_the_next_attempts_first_record_ends_the_wait_for_the_last_word() -> None:
+    s = noticed_at_25().model_copy(update={"attempt": 2})
+    s = goodput.begun(s, 20, at(90))
+    assert goodput.awaits_last_word(s)
+
+    s = goodput.seen(s, progress(2, 21, 100, 22, 101))
+
+    assert not goodput.awaits_last_word(s)
+    before = s
+    assert goodput.seen(s, replace(progress(1, 1, 20, 31, 80), final=True)) == before
+
+
+def test_the_open_end_is_settled_when_the_next_attempt_ends() -> None:
+    s = goodput.seen(noticed_at_25(), replace(progress(1, 1, 20, 31, 80), final=True))
+    s = s.model_copy(update={"attempt": 2})
+    s = goodput.begun(s, 20, at(90))
+    s = goodput.seen(s, progress(2, 21, 100, 40, 140))
+    s = goodput.ended(s, SUCCEEDED, 40, T0, at(145))
+
+    assert s.goodput is not None and s.goodput.settled_through == 1
+    assert s.goodput.settled.steps_lost.notice == 11
+    g = goodput.shown(s, T0, at(150), finished=True).goodput
+    assert g is not None and g.steps_lost.notice == 11 and g.wall_seconds == 145.0
+
+
+def test_the_sidecars_last_word_after_a_notice_reaches_the_ledger() -> None:
+    """A notice: the attempt ends as the trainer exits, its sidecar still uploads; the sidecar's
+    last word (the trainer's last step) and the step the next attempt resumes from come after
+    the end, and both correct the ended attempt."""
+
+    w = World()
+    run = w.kube.runs[(NAMESPACE, RUN)]
+    run["metadata"]["creationTimestamp"] = rfc3339(w.clock.now())
+    w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(run))
+    key = w.location.key(PROGRESS_RECORD)
+
+    def publish(step: int, final: bool = False) -> None:
+        t = w.clock.now().timestamp()
+        w.bucket.put(key, encode(ProgressRecord(step, 1, 1, t - step, t, final=final)))
+
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    w.clock.advance(60)
+    publish(30)
+    w.bucket.commit(w.location, 30)
+    w.reconcile()
+    w.clock.advance(2)
+    w.report(_trainer_saved_on_notice_and_exited(w, rfc3339(w.clock.now())))
+    w.reconcile()  # ended: the record read is step 30, the sidecar still uploads the save
+    ended = w.status()["attempts"][0]
+    assert (ended["kind"], ended["lastStep"], ended.get("lastWord")) == ("notice", 30, None)
+
+    publish(33, final=True)  # its last word: the trainer saved at step 33
+    w.bucket.commit(w.location, 33)
+    w.report(PodBuilder.of(w.pod("r1-1")).phase("Failed"))  # the sidecar stopped
+    w.clock.advance(5)
+    w.reconcile()
+
+    assert w.kube.creates == ["r1-1", "r1-2"]
+    first, second = w.status()["attempts"]
+    assert (first["lastStep"], first["lastWord"], first["committedStep"]) == (33, True, 33)
+    assert (first["stepsLost"], second["resumeStep"]) == (0, 33)
+    assert w.status()["goodput"]["stepsLost"]["notice"] == 0
+
+
+def test_a_ledger_wiped_twice_under_one_operator_comes_back_twice() -> None:
+    w = World()
+    run = w.kube.runs[(NAMESPACE, RUN)]
+    run["metadata"]["creationTimestamp"] = rfc3339(w.clock.now())
+    w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(run))
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).on_node().trainer_exited(0))
+    w.clock.advance(30)
+    w.reconcile()
+    done = w.status()
+    assert done["phase"] == "Succeeded"
+
+    for _ in range(2):
+        wiped = {k: v for k, v in done.items() if k not in ("goodput", "attempts")}
+        w.kube.runs[(NAMESPACE, RUN)]["status"] = wiped
+        w.reconciler.view.runs.put((NAMESPACE, RUN), copy.deepcopy(w.kube.runs[(NAMESPACE, RUN)]))
+        w.reconcile()
+        restored = TrainingRunStatus.model_validate(w.status())
+        assert restored == TrainingRunStatus.model_validate(done)

@@ -70,6 +70,7 @@ class ProgressPublisher:
         self.published: tuple[int, float | None] | None = None  # the step, save time last put
         self.last_try: float | None = None
         self.failing = False
+        self.last_word = False  # the next record is the last word (its ``final``)
 
     def check(self, progress: local.Progress | None) -> bool:
         """Notes ``progress`` (the trainer's file as just read) and puts the record when due;
@@ -97,6 +98,8 @@ class ProgressPublisher:
         the interval, so the operator reads the trainer's last step when the attempt ends (the
         goodput ledger's steps lost). True when it put one."""
         self.last_try = None
+        self.last_word = True
+        self.published = None  # said once more, as the last word, even when nothing changed
         return self.check(progress)
 
     def published_first(self, step: int) -> tuple[int, float] | None:
@@ -128,6 +131,7 @@ class ProgressPublisher:
             save_seconds=progress.save_seconds
             if progress.save_seconds is not None and 0 <= progress.save_seconds <= 1e9
             else None,
+            final=self.last_word,
         )
 
     def put(self, record: ProgressRecord) -> bool:

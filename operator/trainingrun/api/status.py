@@ -124,6 +124,10 @@ class AttemptRecord(_Model):
         ge=0,
         description="Seconds its trainer stood still in saves, as its integration timed them.",
     )
+    last_word: bool | None = Field(
+        default=None,
+        description="Its sidecar's last record was seen: lastStep is the trainer's last.",
+    )
     ended: str | None = Field(default=None, description="When it ended (RFC 3339).")
     ending: str | None = Field(default=None, description="Why it ended: the ending's reason.")
     kind: str | None = Field(
@@ -178,6 +182,9 @@ class LedgerTotals(_Model):
             "them), and an attempt's end after its last step (its final save and upload)."
         ),
     )
+    steps_lost: StepsLost = Field(
+        default_factory=StepsLost, description="Steps lost, by preemption kind."
+    )
 
 
 class Goodput(LedgerTotals):
@@ -190,16 +197,21 @@ class Goodput(LedgerTotals):
     summary: str | None = Field(
         default=None, description="The percent for people (83%); the Goodput column."
     )
-    steps_lost: StepsLost = Field(
-        default_factory=StepsLost, description="Steps lost, by preemption kind."
-    )
     observed_at: str = Field(description="When these figures were made (RFC 3339).")
     settled: LedgerTotals = Field(
         default_factory=LedgerTotals,
         description="The totals of the attempts that ended and the waits before them.",
     )
     settled_at: str | None = Field(
-        default=None, description="Until when settled counts: the last attempt's end."
+        default=None, description="Until when settled counts: its last attempt's end."
+    )
+    settled_through: int = Field(
+        default=0,
+        ge=0,
+        description=(
+            "The last attempt in settled; the attempt that ended after it is still open to "
+            "its sidecar's last word."
+        ),
     )
 
 

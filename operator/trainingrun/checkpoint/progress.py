@@ -48,6 +48,8 @@ class ProgressRecord:
     tokens_per_second: float | None = None
     # Seconds the trainer stood still in saves since its process began (its integration's).
     save_seconds: float | None = None
+    # The sidecar's last word: published once its trainer stopped and its work was done.
+    final: bool = False
     version: int = VERSION
 
 
@@ -86,6 +88,7 @@ def decode(data: bytes) -> ProgressRecord:
         samples_per_second=rate(raw.get("samples_per_second")),
         tokens_per_second=rate(raw.get("tokens_per_second")),
         save_seconds=_duration(raw.get("save_seconds")),
+        final=raw.get("final") is True,
     )
 
 

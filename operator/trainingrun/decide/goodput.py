@@ -35,6 +35,7 @@ from trainingrun.api import (
     AttemptRecord,
     Goodput,
     LedgerTotals,
+    StepsLost,
     TrainingRunStatus,
 )
 from trainingrun.checkpoint.progress import ProgressRecord
@@ -49,6 +50,7 @@ LEDGER_RECORD = "ledger.json"
 LEDGER_MAX_BYTES = 64 * 1024
 LEDGER_VERSION = 1
 SIGKILL_EXIT = 137  # 128 + SIGKILL: the container runtime's exit code for a killed process
+KIND_FIELDS = {"nodeLost": "node_lost"}  # a kind's field in StepsLost, where it differs
 
 
 # DisruptionTarget reasons of a node gone: the taint manager's for a node NotReady or
@@ -72,7 +74,10 @@ def kind_of(outcome: Outcome) -> str | None:
 
 
 def begun(status: TrainingRunStatus, resume_step: int | None, now: datetime) -> TrainingRunStatus:
-    """``status`` with a record of its attempt, whose pod was created at ``now``."""
+    """``status`` with a record of its attempt, whose pod was created at ``now``. The attempt
+    before it resumed from ``resume_step``: the step it had committed by its end, whatever the
+    operator had seen of it when it ended (a notice's save commits after the trainer exited)."""
+    status = _settle_open_end(status, committed=resume_step)
     attempts = [a for a in status.attempts if a.attempt != status.attempt]
     record = AttemptRecord(attempt=status.attempt, resume_step=resume_step, created=rfc3339(now))
     attempts = [*attempts, record][-MAX_ATTEMPTS:]
@@ -80,23 +85,50 @@ def begun(status: TrainingRunStatus, resume_step: int | None, now: datetime) -> 
 
 
 def seen(status: TrainingRunStatus, record: ProgressRecord | None) -> TrainingRunStatus:
-    """``status`` with its current attempt's record updated from a progress record of that
-    attempt (another attempt's, or none, changes nothing)."""
-    current = _current(status)
-    if record is None or current is None or record.attempt != current.attempt:
+    """``status`` with an attempt's record updated from a progress record of that attempt: the
+    running one's, or the last one that ended, whose sidecar publishes the trainer's last step
+    after the attempt ended (its last word, once it has stopped). Another attempt's record, or
+    none, changes nothing."""
+    if record is None:
         return status
-    updated = current.model_copy(
+    current, last = _running(status), open_end(status)
+    if current is not None and record.attempt == current.attempt:
+        target = current
+    elif (
+        (current is None or current.first_step is None)
+        and last is not None
+        and record.attempt == last.attempt
+        and not last.last_word
+    ):
+        target = last
+    else:
+        return status
+    updated = target.model_copy(
         update={
             "first_step": record.first_step,
             "first_step_time": rfc3339(_at(record.first_seen)),
             "last_step": record.step,
             "last_step_time": rfc3339(_at(record.observed)),
             "save_seconds": record.save_seconds,
+            "last_word": record.final or None,
         }
     )
-    if updated == current:
+    if target.ended is not None:
+        updated = _with_loss(updated, updated.committed_step)
+    if updated == target:
         return status
-    return status.model_copy(update={"attempts": [*status.attempts[:-1], updated]})
+    attempts = [updated if a is target else a for a in status.attempts]
+    return status.model_copy(update={"attempts": attempts})
+
+
+def awaits_last_word(status: TrainingRunStatus) -> bool:
+    """Whether the last attempt that ended has not had its sidecar's last word yet and the next
+    one has not reported (its records would replace it in the bucket): the operator reads
+    progress then whatever its interval."""
+    current, last = _running(status), open_end(status)
+    return (
+        last is not None and not last.last_word and (current is None or current.first_step is None)
+    )
 
 
 def ended(
@@ -107,66 +139,97 @@ def ended(
     now: datetime,
 ) -> TrainingRunStatus:
     """``status`` (still naming the attempt that ended) with that attempt closed: its ending,
-    its kind, the steps it lost, and its time added to the settled totals."""
+    its kind, the steps it lost so far. It stays the ledger's open end (``seen`` and ``begun``
+    may still correct it) until the next attempt ends; the one before goes into the settled
+    totals."""
     current = _current(status)
     if current is None or current.ended is not None:
         return status
+    status = _settle_open_end(status, committed=None, fold=True, created=created)
     now = parse_time(rfc3339(now)) or now  # whole seconds, as every time of the ledger
-    kind = kind_of(outcome)
     closed = current.model_copy(
-        update={
-            "ended": rfc3339(now),
-            "ending": outcome.reason,
-            "kind": kind,
-            "committed_step": committed,
-            "steps_lost": 0 if kind is None else lost_steps(current, committed),
-        }
+        update={"ended": rfc3339(now), "ending": outcome.reason, "kind": kind_of(outcome)}
     )
-    ledger = status.goodput or _empty(now)
-    settled_at = parse_time(ledger.settled_at) or created
-    settled = _add(ledger.settled, _split(closed, settled_at, now, running=False))
-    lost = ledger.steps_lost
-    if kind is not None and closed.steps_lost:
-        field = {"nodeLost": "node_lost"}.get(kind, kind)
-        lost = lost.model_copy(update={field: getattr(lost, field) + closed.steps_lost})
-    ledger = ledger.model_copy(
-        update={"settled": settled, "settled_at": rfc3339(now), "steps_lost": lost}
-    )
+    closed = _with_loss(closed, committed)
     attempts = [*status.attempts[:-1], closed]
-    return status.model_copy(update={"attempts": attempts, "goodput": ledger})
+    return status.model_copy(update={"attempts": attempts})
 
 
 def shown(
     status: TrainingRunStatus, created: datetime | None, now: datetime, finished: bool
 ) -> TrainingRunStatus:
     """``status`` with the ledger's figures made at ``now`` (at the last attempt's end for a
-    finished run): the settled totals, plus the running attempt, or the wait since the last
-    one ended."""
+    finished run): the settled totals, the open end, then the running attempt, or the wait
+    since the last one ended."""
     if created is None:
         return status
     ledger = status.goodput or _empty(created)
-    settled_at = parse_time(ledger.settled_at) or created
-    until = settled_at if finished else max(now, settled_at)
+    since = parse_time(ledger.settled_at) or created
     totals = ledger.settled
+    last = open_end(status)
+    if last is not None:
+        end = parse_time(last.ended) or since
+        totals = _add(totals, _split(last, since, end, running=False))
+        since = max(since, end)
+    until = since if finished else max(now, since)
     current = _current(status)
     if not finished:
         if current is not None and current.ended is None:
-            totals = _add(totals, _split(current, settled_at, until, running=True))
+            totals = _add(totals, _split(current, since, until, running=True))
         else:
-            totals = _add(totals, LedgerTotals(waiting_seconds=_seconds(settled_at, until)))
+            totals = _add(totals, LedgerTotals(waiting_seconds=_seconds(since, until)))
     wall = _seconds(created, until)
     percent = round(min(100.0, 100.0 * totals.productive_seconds / wall), 1) if wall else None
-    figures = Goodput(
-        **totals.model_dump(),
-        wall_seconds=round(wall, 1),
-        percent=percent,
-        summary=None if percent is None else f"{percent:.0f}%",
-        steps_lost=ledger.steps_lost,
-        observed_at=rfc3339(until),
-        settled=ledger.settled,
-        settled_at=ledger.settled_at,
+    figures = ledger.model_copy(
+        update={
+            **dict(totals),
+            "wall_seconds": round(wall, 1),
+            "percent": percent,
+            "summary": None if percent is None else f"{percent:.0f}%",
+            "observed_at": rfc3339(until),
+        }
     )
     return status.model_copy(update={"goodput": figures})
+
+
+def open_end(status: TrainingRunStatus) -> AttemptRecord | None:
+    """The last attempt that ended, not yet in the settled totals."""
+    through = status.goodput.settled_through if status.goodput else 0
+    ended_ones = [a for a in status.attempts if a.ended is not None and a.attempt > through]
+    return ended_ones[-1] if ended_ones else None
+
+
+def _settle_open_end(
+    status: TrainingRunStatus,
+    committed: int | None,
+    fold: bool = False,
+    created: datetime | None = None,
+) -> TrainingRunStatus:
+    """The open end with the step the next attempt resumed from as its commit (``committed``),
+    and, with ``fold``, moved into the settled totals."""
+    last = open_end(status)
+    if last is None:
+        return status
+    if committed is not None and committed > (last.committed_step or 0):
+        fixed = _with_loss(last.model_copy(update={"committed_step": committed}), committed)
+        attempts = [fixed if a is last else a for a in status.attempts]
+        status = status.model_copy(update={"attempts": attempts})
+        last = fixed
+    if not fold:
+        return status
+    ledger = status.goodput or _empty(parse_time(last.ended) or _at(0))
+    since = parse_time(ledger.settled_at) or created
+    end = parse_time(last.ended)
+    settled = _add(ledger.settled, _split(last, since, end or since or _at(0), running=False))
+    ledger = ledger.model_copy(
+        update={"settled": settled, "settled_at": last.ended, "settled_through": last.attempt}
+    )
+    return status.model_copy(update={"goodput": ledger})
+
+
+def _with_loss(record: AttemptRecord, committed: int | None) -> AttemptRecord:
+    lost = 0 if record.kind is None else lost_steps(record, committed)
+    return record.model_copy(update={"committed_step": committed, "steps_lost": lost})
 
 
 def encode_ledger(status: TrainingRunStatus, uid: str) -> bytes | None:
@@ -224,9 +287,10 @@ def restored(
     return status.model_copy(update={"goodput": figures, "attempts": attempts})
 
 
-def closed_count(status: TrainingRunStatus) -> int:
-    """How many attempts of the list have ended (an end this pass changes it)."""
-    return sum(1 for a in status.attempts if a.ended is not None)
+def closed(status: TrainingRunStatus) -> list[AttemptRecord]:
+    """The attempts of the list that ended: an end, or a correction of one (the sidecar's last
+    word, the step the next attempt resumed from), changes them."""
+    return [a for a in status.attempts if a.ended is not None]
 
 
 def lost_steps(record: AttemptRecord, committed: int | None) -> int:
@@ -253,7 +317,11 @@ def _split(
     t = _times(record, end)
     waiting = _seconds(settled_at, t.created) if settled_at is not None else 0.0
     if t.first is None or t.last is None:  # no step seen: start-up all along
-        return LedgerTotals(waiting_seconds=waiting, startup_seconds=_seconds(t.created, end))
+        return LedgerTotals(
+            waiting_seconds=waiting,
+            startup_seconds=_seconds(t.created, end),
+            steps_lost=_by_kind(record),
+        )
     made = (record.last_step or 0) - (record.first_step or 0)
     per_step = _seconds(t.first, t.last) / made if made > 0 else 0.0
     # The sidecar sees the trainer every few seconds: the steps made before it first saw one
@@ -283,7 +351,14 @@ def _split(
         productive_seconds=training - lost_s - stalled,
         lost_seconds=lost_s + (tail if gone else 0.0),
         stall_seconds=stalled + (0.0 if gone else tail),
+        steps_lost=_by_kind(record),
     )
+
+
+def _by_kind(record: AttemptRecord) -> StepsLost:
+    if record.kind is None or not record.steps_lost:
+        return StepsLost()
+    return StepsLost(**{KIND_FIELDS.get(record.kind, record.kind): record.steps_lost})
 
 
 def _times(record: AttemptRecord, end: datetime) -> _Times:
@@ -307,17 +382,24 @@ def _current(status: TrainingRunStatus) -> AttemptRecord | None:
     return None
 
 
+def _running(status: TrainingRunStatus) -> AttemptRecord | None:
+    current = _current(status)
+    return current if current is not None and current.ended is None else None
+
+
 def _empty(at: datetime) -> Goodput:
     return Goodput(wall_seconds=0.0, observed_at=rfc3339(at))
 
 
 def _add(a: LedgerTotals, b: LedgerTotals) -> LedgerTotals:
+    steps = {k: getattr(a.steps_lost, k) + getattr(b.steps_lost, k) for k in StepsLost.model_fields}
     return LedgerTotals(
         productive_seconds=round(a.productive_seconds + b.productive_seconds, 3),
         lost_seconds=round(a.lost_seconds + b.lost_seconds, 3),
         startup_seconds=round(a.startup_seconds + b.startup_seconds, 3),
         waiting_seconds=round(a.waiting_seconds + b.waiting_seconds, 3),
         stall_seconds=round(a.stall_seconds + b.stall_seconds, 3),
+        steps_lost=StepsLost(**steps),
     )
 
 

@@ -309,8 +309,9 @@ def started(
         conds = set_condition(
             conds, R.PROTECTED, None, R.AWAITING_CHECKPOINT, waiting, obs.generation, obs.now
         )
+    ledger = goodput.begun(status, resume, obs.now)
     new = _with(
-        goodput.begun(status, resume, obs.now),
+        goodput.shown(ledger, obs.created, obs.now, finished=False),
         obs,
         active_pod=name,
         resume_step=resume,

@@ -50,16 +50,31 @@ def write(stores: RunStores, ref: RunRef, status: TrainingRunStatus) -> None:
         )
 
 
-def restore_finished(
-    stores: RunStores, applier: Applier, run: dict[str, Any], status: TrainingRunStatus
-) -> None:
-    """A finished run's status gets its ledger back from the copy (no pass plans it)."""
+def look(
+    stores: RunStores, ref: RunRef, status: TrainingRunStatus, tried: bool
+) -> tuple[tuple[Goodput, list[AttemptRecord]] | None, bool]:
+    """The run's copy when its status has none, and whether it was looked for in vain (not
+    looked for again until the status has had a ledger: a wipe later is looked for anew)."""
+    if not wanted(status):
+        return None, False
+    if tried:
+        return None, True
+    found = read(stores, ref)
+    return found, found is None
+
+
+def restore_finished(stores: RunStores, applier: Applier, run: dict[str, Any], tried: bool) -> bool:
+    """A finished run whose status lost its ledger gets it back from the copy (no pass plans
+    it); whether it was looked for in vain, as ``look``."""
     meta = run["metadata"]
+    status = TrainingRunStatus.model_validate(run.get("status") or {})
     try:
         spec = TrainingRunSpec.model_validate(run.get("spec") or {})
     except ValidationError:
-        return
+        return True
     ref = RunRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"], spec=spec)
-    restored = goodput.restored(status, read(stores, ref))
+    found, tried = look(stores, ref, status, tried)
+    restored = goodput.restored(status, found)
     if restored is not status:
         applier.write(meta["namespace"], meta["name"], run.get("status") or {}, restored)
+    return tried

@@ -27,7 +27,7 @@ from typing import Any, Protocol
 
 from pydantic import ValidationError
 
-from trainingrun.api import AttemptRecord, Goodput, TrainingRunSpec, TrainingRunStatus
+from trainingrun.api import TrainingRunSpec, TrainingRunStatus
 from trainingrun.checkpoint.manifest import ManifestError
 from trainingrun.checkpoint.progress import ProgressError, ProgressRecord
 from trainingrun.contract import parse_time
@@ -60,6 +60,10 @@ log = logging.getLogger("trainingrun.operator")
 class KubeApi(ObjectReader, ObjectApi, WriteApi, Protocol):
     """The calls of ``trainingrun.operator.kube.Kube`` the reconciler makes: reads in gather,
     writes through its ``Applier`` only."""
+
+
+# How often at most the sidecar's last word is looked for after an attempt ended.
+LAST_WORD_SECONDS = 5.0
 
 
 @dataclass
@@ -148,7 +152,9 @@ class Reconciler:
             self.notices.remember((namespace, name), None)
             if run is None or meta.get("deletionTimestamp"):
                 return None
-            self._restore_finished(run, status, mem)
+            mem.ledger_tried = ledgers.restore_finished(
+                self.stores, self.applier, run, mem.ledger_tried
+            )
             self.queues.settle(run, status, Seen(), self.view, self._now())  # Finished
             return self.old_pods.sweep(run, 0, self._now())  # the pods asked to go, until gone
         generation, now = int(meta.get("generation") or 0), self._now()
@@ -172,16 +178,18 @@ class Reconciler:
             seen = self._checkpoints(ref, mem, due=due, first=status.attempt == 0)
         except (MissingSecret, StorageMisconfigured) as e:
             return self.starter.unusable_storage(run, status, e, now)
-        # An attempt's end reads its last record whatever the interval: the trainer's last step
-        # for the goodput ledger (its sidecar published it at its end).
-        record = self._progress(ref, mem, refreshed=seen.read and begun, now=ended)
-        obs = replace(
-            obs, latest=seen.latest, progress=record, ledger=self._ledger(ref, mem, status)
-        )
+        # An attempt's end reads its last record whatever the interval, and until the sidecar's
+        # last word (published once it stopped, often after the attempt ended) is seen, every
+        # LAST_WORD_SECONDS: the trainer's last step for the goodput ledger.
+        late = goodput.awaits_last_word(status)
+        every = 0.0 if ended else LAST_WORD_SECONDS if late else None
+        record = self._progress(ref, mem, refreshed=(seen.read and begun) or late, every=every)
+        ledger, mem.ledger_tried = ledgers.look(self.stores, ref, status, mem.ledger_tried)
+        obs = replace(obs, latest=seen.latest, progress=record, ledger=ledger)
         p = plan(obs)  # the one plan of the pass
         again = self._apply(run, ref, obs, p, seen.seen)
-        if goodput.closed_count(p.status) != goodput.closed_count(status):
-            ledgers.write(self.stores, ref, p.status)  # an attempt ended: its copy follows
+        if goodput.closed(p.status) != goodput.closed(status):
+            ledgers.write(self.stores, ref, p.status)  # an attempt ended or was corrected
         self.queues.create(run, queued)  # the run's missing Workload
         self.queues.settle(run, p.status, queued, self.view, self._now())
         return sooner(again, self.queues.poll_after(queued, p.status))
@@ -281,34 +289,18 @@ class Reconciler:
         mem.checkpoint_read_at = self._monotonic()
         return seen
 
-    def _ledger(
-        self, ref: RunRef, mem: RunMemory, status: TrainingRunStatus
-    ) -> tuple[Goodput, list[AttemptRecord]] | None:
-        """The ledger's copy when the status has none, looked for once per run and operator."""
-        if mem.ledger_tried or not ledgers.wanted(status):
-            return None
-        mem.ledger_tried = True
-        return ledgers.read(self.stores, ref)
-
-    def _restore_finished(
-        self, run: dict[str, Any], status: TrainingRunStatus, mem: RunMemory
-    ) -> None:
-        """A finished run whose status lost its ledger gets it back from the run's prefix."""
-        if mem.ledger_tried or not ledgers.wanted(status):
-            return
-        mem.ledger_tried = True
-        ledgers.restore_finished(self.stores, self.applier, run, status)
-
     def _progress(
-        self, ref: RunRef, mem: RunMemory, refreshed: bool, now: bool = False
+        self, ref: RunRef, mem: RunMemory, refreshed: bool, every: float | None = None
     ) -> ProgressRecord | None:
         """The running attempt's progress record, read along with a manifest refresh
-        (``refreshed``) at most once per ``progress_refresh_seconds`` (``now``: whatever the
-        interval, once per attempt's end): its reads are never more than the periodic passes'
-        (``resync_rate``) and the attempts' ends, whatever the number of runs. None when not
-        read (the status keeps what it shows) or unreadable (display only: logged, no more)."""
+        (``refreshed``) at most once per ``progress_refresh_seconds`` (``every``, when given:
+        0 at an attempt's end, a few seconds while its last word is awaited): its reads are
+        never more than the periodic passes' (``resync_rate``) and the attempts' ends, whatever
+        the number of runs. None when not read (the status keeps what it shows) or unreadable
+        (display only: logged, no more)."""
         since = self._monotonic() - mem.progress_read_at
-        if not refreshed or (since < self.settings.progress_refresh_seconds and not now):
+        interval = self.settings.progress_refresh_seconds if every is None else every
+        if not refreshed or since < interval:
             return None
         mem.progress_read_at = self._monotonic()
         try:
