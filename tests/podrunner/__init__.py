@@ -87,6 +87,23 @@ Simulating node trouble (signals to the runner process):
   the runner lists its pods again: pods deleted meanwhile (a force delete leaves no trace) have
   their processes stopped (SIGTERM, the pod's grace, SIGKILL), and status writes resume.
 
+Where it differs from a real kubelet, as the real node's tests (tests/e2e/test_real_node*.py,
+a kubelet v1.34 with containerd 1.6) showed:
+
+- Users: every container runs as the runner's user (root); ``securityContext`` is ignored. On a
+  real kubelet the agents and the trainer run as their own users, and a private file of one was
+  unreadable to another (the product's fix: the agents follow the trainer's user); only the real
+  node's users test covers that. Not imitated here.
+- An evicted pod is deleted right after its final status: its trainer's terminated state
+  (exit 143) is rarely seen before the pod is gone; a real kubelet reports it while the pod
+  terminates (the demo prints "not seen" here, "exit code 143 (Error)" there).
+- Downward-API files are rewritten at once; a real kubelet took 0.11-0.21 s at the median and up
+  to 1.01 s, and never rewrites them for a pod that is terminating.
+- Processes keep the machine's pids; in a container the main process is pid 1 every time (what
+  made the operator's Lease identity repeat across restarts in a pod).
+- Images are ignored: the clone's code and .venv run (torch 2.15 from PyPI); the example image
+  has Debian's torch 2.6.
+
 From Python (tests, demo): ``start_runner(env)`` returns a ``RunnerHandle``; pods go to its
 node with ``placement(handle.node)`` in their spec (nodeSelector + toleration).
 """
