@@ -62,7 +62,7 @@ from kubernetes import client, config
 from kubernetes.watch.watch import iter_resp_lines
 
 from tests import localenv
-from tests.benchutil import cpu_by_name, cpu_seconds, stamped, write_section
+from tests.benchutil import cpu_seconds, stamped, write_section
 from tests.integration.support import (
     OperatorProcess,
     container_status,
@@ -88,6 +88,8 @@ REPLACEMENTS = "trainingrun.dev/attempt=2"
 BESIDE = frozenset(
     {"etcd", "kube-apiserver", "kube-controller", "kube-scheduler", "kwok-controller", "weed"}
 )
+# The machine's CPU outside this environment (other checkouts' builds and tests).
+OTHER_WORK = "other work on the machine"
 # Hostile progress records (--hostile): what a trainer, or anyone who can write to the run's
 # prefix, might put where the sidecar puts its ~250 bytes. All but the NaN rates are refused
 # whole; a record with NaN, infinite or negative rates is shown without them.
@@ -108,6 +110,31 @@ HUGE_RUNS = 10
 PUT_ONCE = frozenset({HUGE, BIG})
 # Bound on the wait for the replacements' status writes after their pods.
 SHOWN_SETTLE = 60.0
+
+
+def env_cpu_by_name(names: frozenset[str], env_name: str) -> dict[str, float]:
+    """CPU seconds so far of this environment's processes whose command name is in ``names``,
+    summed by name. Only this environment's: another checkout's environment on the machine runs
+    the same programs, and its paths name its own environment (``tr-<hash>``)."""
+    totals: dict[str, float] = {}
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            comm = (proc / "comm").read_text().strip()
+            if comm in names and env_name in (proc / "cmdline").read_text(errors="replace"):
+                totals[comm] = totals.get(comm, 0.0) + cpu_seconds(int(proc.name))
+        except OSError:  # gone meanwhile
+            continue
+    return totals
+
+
+def machine_busy_seconds(stat: Path = Path("/proc/stat")) -> float:
+    """CPU seconds every core of the machine spent busy so far (all but idle and I/O wait)."""
+    ticks = [int(t) for t in stat.read_text().splitlines()[0].split()[1:]]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    # guest time is counted in user time already
+    return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -894,13 +921,16 @@ def single_lines(args: argparse.Namespace, sizes: list[Measured]) -> tuple[list[
 def beside_line(args: argparse.Namespace, m: Measured) -> str:
     """Where the machine's CPU went per replacement: the operator and every process beside it,
     against what the cores have for one replacement at the failure rate."""
-    total = m.cpu_ms + sum(m.beside_ms.values())
+    ours = {k: v for k, v in m.beside_ms.items() if k != OTHER_WORK}
+    total = m.cpu_ms + sum(ours.values())
     budget = 1000 * (os.cpu_count() or 1) / args.rate
-    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(m.beside_ms.items(), key=lambda kv: -kv[1]))
+    parts = ", ".join(f"{k} {v:.1f}" for k, v in sorted(ours.items(), key=lambda kv: -kv[1]))
+    other = m.beside_ms.get(OTHER_WORK)
+    beside = f"; {OTHER_WORK} {other:.0f} ms" if other is not None else ""
     return (
         f"- CPU per replacement by process at {m.runs} runs: operator {m.cpu_ms:.1f}, {parts} ms; "
-        f"{total:.0f} ms in all, of the {budget:.0f} ms the {os.cpu_count()} cores have for one "
-        f"replacement at {args.rate:g}/s"
+        f"{total:.0f} ms in all{beside}, of the {budget:.0f} ms the {os.cpu_count()} cores have "
+        f"for one replacement at {args.rate:g}/s"
     )
 
 
@@ -991,7 +1021,8 @@ def measure(args: argparse.Namespace, runs: int, variant: Variant) -> Measured:
         rng = random.Random(args.seed)
         victims = {n: pod_name(n, 1, rng.randrange(args.replicas), args.replicas) for n in names}
         cpu_before, calls_before = cpu_seconds(op.proc.pid), op.metrics()
-        beside_before, bench_before = cpu_by_name(BESIDE), cpu_seconds(os.getpid())
+        beside_before = env_cpu_by_name(BESIDE, cluster.env.name)
+        bench_before, machine_before = cpu_seconds(os.getpid()), machine_busy_seconds()
         failed_at = inject_failures(cluster, victims, args.rate, deadline)
         lat = wait_replacements(watcher.created_at, names, failed_at, args.replicas, deadline)
         rss = peak_rss_mb(op.proc.pid)
@@ -999,9 +1030,11 @@ def measure(args: argparse.Namespace, runs: int, variant: Variant) -> Measured:
         cpu_ms = (cpu_seconds(op.proc.pid) - cpu_before) * 1000 / replacements
         beside = {
             name: (cpu - beside_before.get(name, 0.0)) * 1000 / replacements
-            for name, cpu in cpu_by_name(BESIDE).items()
+            for name, cpu in env_cpu_by_name(BESIDE, cluster.env.name).items()
         }
         beside["this benchmark"] = (cpu_seconds(os.getpid()) - bench_before) * 1000 / replacements
+        machine_ms = (machine_busy_seconds() - machine_before) * 1000 / replacements
+        beside[OTHER_WORK] = max(machine_ms - cpu_ms - sum(beside.values()), 0.0)
         calls = calls_between(calls_before, op.metrics(), replacements)
         if plan:
             hostile = [n for n in names if n in plan]
@@ -1102,6 +1135,19 @@ def progress_lines(args: argparse.Namespace, done: list[Measured]) -> tuple[list
         ok &= met
         lines.append(f"- {text}: " + ("met" if met else "NOT met"))
 
+    budget = 1000 * (os.cpu_count() or 1) / args.rate
+    lines.append(
+        "- CPU per replacement, this environment (operator, control plane, kwok, SeaweedFS, the "
+        f"benchmark) / {OTHER_WORK}: "
+        + ", ".join(
+            f"{m.runs} runs {m.variant.label() if m.variant else ''} "
+            f"{m.cpu_ms + sum(v for k, v in m.beside_ms.items() if k != OTHER_WORK):.0f} / "
+            f"{m.beside_ms.get(OTHER_WORK, math.nan):.0f} ms"
+            for m in done
+        )
+        + f", of the {budget:.0f} ms the {os.cpu_count()} cores have per replacement at "
+        f"{args.rate:g}/s"
+    )
     first = done[0].runs
     on = [m for m in done if m.variant == Variant(progress=True)]
     off = next((m for m in done if m.variant == Variant()), None)
@@ -1182,6 +1228,11 @@ def main(argv: list[str] | None = None) -> int:
     sizes = []
     for runs, variant in plan:
         m = measure(args, runs, variant)
+        print(
+            f"{runs} runs: p99 by fifth of the failures "
+            f"{', '.join(f'{v:.2f}' for v in by_fifth(m.lat.all))} s",
+            flush=True,
+        )
         print(
             f"{runs} runs: p99 {percentile(m.lat.all, 0.99) if m.lat.all else float('inf'):.3f} s,"
             f" RSS {m.rss:.0f} MB, CPU per replacement {m.cpu_ms:.1f} ms, API calls per "

@@ -9,11 +9,13 @@ status judged against what it published (its own step shown, past its first or n
 its own, progress or a ledger step shown from a refused record, a rate shown from a NaN record);
 the "no progress shown" log lines counted by reason with the object's name left out, and a
 well-formed run named among them caught; reads and status writes a second from two metrics
-scrapes; each measurement's label.
+scrapes; the machine's busy CPU time; each measurement's label.
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +33,7 @@ from tests.bench_operator import (
     good_step,
     hostile_body,
     hostile_plan,
+    machine_busy_seconds,
     refusals,
     rest_between,
 )
@@ -175,3 +178,11 @@ def test_reads_and_status_writes_a_second_from_two_scrapes() -> None:
 )
 def test_each_measurement_says_what_the_runs_published(variant: Variant, label: str) -> None:
     assert variant.label() == label
+
+
+def test_the_machines_busy_time_leaves_out_idle_and_io_wait(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    stat.write_text("cpu  100 5 50 1000 20 3 2 0 40 0\ncpu0 50 2 25 500 10 1 1 0 20 0\n")
+    hz = os.sysconf("SC_CLK_TCK")
+    assert machine_busy_seconds(stat) == pytest.approx((100 + 5 + 50 + 3 + 2) / hz)
