@@ -15,7 +15,13 @@ import pytest
 from tests.unit.builders import NAMESPACE, PodBuilder, make_node
 from tests.unit.test_reconciler import RUN, World, _trainer_saved_on_notice_and_exited
 from trainingrun.api import AttemptRecord, TrainingRunStatus
-from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, decode, encode
+from trainingrun.checkpoint.progress import (
+    LAST_WORD_RECORD,
+    PROGRESS_RECORD,
+    ProgressRecord,
+    decode,
+    encode,
+)
 from trainingrun.contract import rfc3339
 from trainingrun.decide import goodput
 from trainingrun.decide import reasons as R
@@ -416,7 +422,7 @@ def noticed_at_25() -> TrainingRunStatus:
 
 def test_the_last_word_after_the_end_corrects_the_attempt() -> None:
     s = noticed_at_25()
-    assert goodput.awaits_last_word(s)
+    assert goodput.awaits_last_word(s, at(85))
     assert s.attempts[-1].steps_lost == 5
 
     last = replace(progress(1, 1, 20, 31, 80), final=True)
@@ -424,7 +430,7 @@ def test_the_last_word_after_the_end_corrects_the_attempt() -> None:
 
     closed = s.attempts[-1]
     assert (closed.last_step, closed.steps_lost, closed.last_word) == (31, 11, True)
-    assert not goodput.awaits_last_word(s)
+    assert not goodput.awaits_last_word(s, at(86))
     g = goodput.shown(s, T0, at(85), finished=False).goodput
     assert g is not None and g.steps_lost.notice == 11
     # Seen once: a later record of that attempt changes nothing more.
@@ -443,16 +449,27 @@ def test_the_resume_step_is_what_the_ended_attempt_committed() -> None:
     assert g is not None and g.steps_lost.notice == 0
 
 
-def test_the_next_attempts_first_record_ends_the_wait_for_the_last_word() -> None:
+def test_a_last_word_read_after_the_next_attempt_reported_still_counts() -> None:
     s = noticed_at_25().model_copy(update={"attempt": 2})
     s = goodput.begun(s, 20, at(90))
-    assert goodput.awaits_last_word(s)
-
     s = goodput.seen(s, progress(2, 21, 100, 22, 101))
+    assert goodput.awaits_last_word(s, at(101))
 
-    assert not goodput.awaits_last_word(s)
-    before = s
-    assert goodput.seen(s, replace(progress(1, 1, 20, 31, 80), final=True)) == before
+    s = goodput.seen(s, replace(progress(1, 1, 20, 31, 80), final=True))
+
+    first, second = s.attempts
+    assert (first.last_step, first.steps_lost, second.last_step) == (31, 11, 22)
+
+
+@pytest.mark.parametrize(("after", "awaits"), [(179, True), (181, False)])
+def test_the_last_word_is_awaited_for_a_while_only(after: float, awaits: bool) -> None:
+    assert goodput.awaits_last_word(noticed_at_25(), at(85 + after)) is awaits
+
+
+def test_an_older_record_of_the_ended_attempt_changes_nothing() -> None:
+    s = goodput.seen(noticed_at_25(), progress(1, 1, 20, 31, 80))  # not final: step 31
+    assert s.attempts[-1].last_step == 31
+    assert goodput.seen(s, progress(1, 1, 20, 28, 75)) == s
 
 
 def test_the_open_end_is_settled_when_the_next_attempt_ends() -> None:
@@ -481,7 +498,10 @@ def test_the_sidecars_last_word_after_a_notice_reaches_the_ledger() -> None:
 
     def publish(step: int, final: bool = False) -> None:
         t = w.clock.now().timestamp()
-        w.bucket.put(key, encode(ProgressRecord(step, 1, 1, t - step, t, final=final)))
+        data = encode(ProgressRecord(step, 1, 1, t - step, t, final=final))
+        w.bucket.put(key, data)
+        if final:  # as the sidecar does: the last word also where the next attempt won't write
+            w.bucket.put(w.location.key(LAST_WORD_RECORD), data)
 
     w.reconcile()
     w.kube.nodes["n1"] = make_node("n1").build()

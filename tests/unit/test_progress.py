@@ -422,3 +422,16 @@ def test_the_last_word_is_put_whatever_the_interval() -> None:
     assert not pub.check(local.Progress(step=12, max_steps=None))
     assert pub.final(local.Progress(step=13, max_steps=None))
     assert decode(store.objects[pub.key]).step == 13
+
+
+def test_the_last_word_is_also_kept_where_the_next_attempt_does_not_write() -> None:
+    store = DictStore()
+    pub = publisher(store, Ticking())
+    assert pub.check(local.Progress(10, 100))
+    assert pub.last_key not in store.objects  # regular records go to progress.json only
+
+    assert pub.final(local.Progress(12, 100))
+
+    last = decode(store.objects[pub.last_key])
+    assert (last.step, last.final) == (12, True)
+    assert decode(store.objects[pub.key]) == last

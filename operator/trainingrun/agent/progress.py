@@ -19,6 +19,7 @@ from pathlib import Path
 
 from trainingrun.checkpoint import local
 from trainingrun.checkpoint.progress import (
+    LAST_WORD_RECORD,
     MAX_STEP,
     PROGRESS_RECORD,
     ProgressError,
@@ -62,6 +63,7 @@ class ProgressPublisher:
     ) -> None:
         self.store = store
         self.key = run.key(PROGRESS_RECORD)
+        self.last_key = run.key(LAST_WORD_RECORD)
         self.attempt = attempt
         self.interval = interval
         self.clock = clock
@@ -137,6 +139,8 @@ class ProgressPublisher:
     def put(self, record: ProgressRecord) -> bool:
         try:
             self.store.put(self.key, encode(record))
+            if record.final:  # kept apart: the next attempt's records replace progress.json
+                self.store.put(self.last_key, encode(record))
         except StorageError as e:
             if not self.failing:  # once per outage: the display is all it costs
                 log.warning("cannot publish the trainer's progress: %s", log_text(e))

@@ -16,6 +16,9 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 PROGRESS_RECORD = "progress.json"
+# The sidecar's last word, also put here: the next attempt's sidecar replaces progress.json as
+# soon as its trainer reports, and the operator may read the last word after that.
+LAST_WORD_RECORD = "progress-last.json"
 VERSION = 1
 # The sidecar writes ~250 bytes; anything over this is not its record and is not decoded.
 MAX_BYTES = 4096

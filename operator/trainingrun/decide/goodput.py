@@ -51,6 +51,9 @@ LEDGER_MAX_BYTES = 64 * 1024
 LEDGER_VERSION = 1
 SIGKILL_EXIT = 137  # 128 + SIGKILL: the container runtime's exit code for a killed process
 KIND_FIELDS = {"nodeLost": "node_lost"}  # a kind's field in StepsLost, where it differs
+# How long after an attempt's end its sidecar's last word is looked for: its drain is bounded
+# by the pod's grace period (60 s by default), its put by the call deadline.
+LAST_WORD_WAIT_SECONDS = 180.0
 
 
 # DisruptionTarget reasons of a node gone: the taint manager's for a node NotReady or
@@ -95,10 +98,10 @@ def seen(status: TrainingRunStatus, record: ProgressRecord | None) -> TrainingRu
     if current is not None and record.attempt == current.attempt:
         target = current
     elif (
-        (current is None or current.first_step is None)
-        and last is not None
+        last is not None
         and record.attempt == last.attempt
         and not last.last_word
+        and (record.final or record.step >= (last.last_step or 0))
     ):
         target = last
     else:
@@ -121,14 +124,16 @@ def seen(status: TrainingRunStatus, record: ProgressRecord | None) -> TrainingRu
     return status.model_copy(update={"attempts": attempts})
 
 
-def awaits_last_word(status: TrainingRunStatus) -> bool:
-    """Whether the last attempt that ended has not had its sidecar's last word yet and the next
-    one has not reported (its records would replace it in the bucket): the operator reads
-    progress then whatever its interval."""
-    current, last = _running(status), open_end(status)
-    return (
-        last is not None and not last.last_word and (current is None or current.first_step is None)
-    )
+def awaits_last_word(status: TrainingRunStatus, now: datetime) -> bool:
+    """Whether the last attempt that ended has not had its sidecar's last word yet, within
+    ``LAST_WORD_WAIT_SECONDS`` of its end (a sidecar gone with its node never says it): the
+    operator looks for it then (``checkpoint.progress.LAST_WORD_RECORD``), whatever its
+    progress interval."""
+    last = open_end(status)
+    if last is None or last.last_word:
+        return False
+    end = parse_time(last.ended)
+    return end is not None and (now - end).total_seconds() <= LAST_WORD_WAIT_SECONDS
 
 
 def ended(

@@ -34,7 +34,12 @@ from trainingrun.checkpoint.lookup import (
     read_run_manifest_tagged,
 )
 from trainingrun.checkpoint.manifest import RunManifest
-from trainingrun.checkpoint.progress import PROGRESS_RECORD, ProgressRecord, decode
+from trainingrun.checkpoint.progress import (
+    LAST_WORD_RECORD,
+    PROGRESS_RECORD,
+    ProgressRecord,
+    decode,
+)
 from trainingrun.decide.goodput import LEDGER_RECORD
 from trainingrun.decide.naming import RunRef, run_prefix
 from trainingrun.decide.storagepolicy import CLOUD, CLOUD_NAMES
@@ -324,15 +329,17 @@ class RunStores:
         )
         return Checkpoints(True, manifest, latest, seen)
 
-    def read_progress(self, ref: RunRef) -> ProgressRecord | None:
-        """The progress record rank 0's sync sidecar published (``checkpoint.progress``); None
-        when there is none yet. One GET under the run's slot and the operator's call deadline;
-        the store refuses an object over its ``max_get_bytes`` unread, ``decode`` one over a
-        few KiB. Raises MissingSecret, StorageError (EndpointBusy), ProgressError."""
+    def read_progress(self, ref: RunRef, last_word: bool = False) -> ProgressRecord | None:
+        """The progress record rank 0's sync sidecar published (``checkpoint.progress``), or
+        with ``last_word`` the last one a sidecar published at its end; None when there is
+        none yet. One GET under the run's slot and the operator's call deadline; the store
+        refuses an object over its ``max_get_bytes`` unread, ``decode`` one over a few KiB.
+        Raises MissingSecret, StorageError (EndpointBusy), ProgressError."""
         storage = ref.spec.checkpoint.storage
         store = self.store_for(ref.namespace, storage)
+        key = LAST_WORD_RECORD if last_word else PROGRESS_RECORD
         with self._slot(ref.namespace, storage):
-            data = store.get(parse_uri(run_prefix(ref)).key(PROGRESS_RECORD))
+            data = store.get(parse_uri(run_prefix(ref)).key(key))
         return decode(data) if data is not None else None
 
     def read_ledger(self, ref: RunRef) -> bytes | None:

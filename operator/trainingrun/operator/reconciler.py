@@ -181,9 +181,9 @@ class Reconciler:
         # An attempt's end reads its last record whatever the interval, and until the sidecar's
         # last word (published once it stopped, often after the attempt ended) is seen, every
         # LAST_WORD_SECONDS: the trainer's last step for the goodput ledger.
-        late = goodput.awaits_last_word(status)
+        late = not ended and goodput.awaits_last_word(status, now)
         every = 0.0 if ended else LAST_WORD_SECONDS if late else None
-        record = self._progress(ref, mem, refreshed=(seen.read and begun) or late, every=every)
+        record = self._progress(ref, mem, (seen.read and begun) or late, every, last_word=late)
         ledger, mem.ledger_tried = ledgers.look(self.stores, ref, status, mem.ledger_tried)
         obs = replace(obs, latest=seen.latest, progress=record, ledger=ledger)
         p = plan(obs)  # the one plan of the pass
@@ -290,7 +290,12 @@ class Reconciler:
         return seen
 
     def _progress(
-        self, ref: RunRef, mem: RunMemory, refreshed: bool, every: float | None = None
+        self,
+        ref: RunRef,
+        mem: RunMemory,
+        refreshed: bool,
+        every: float | None = None,
+        last_word: bool = False,
     ) -> ProgressRecord | None:
         """The running attempt's progress record, read along with a manifest refresh
         (``refreshed``) at most once per ``progress_refresh_seconds`` (``every``, when given:
@@ -304,7 +309,7 @@ class Reconciler:
             return None
         mem.progress_read_at = self._monotonic()
         try:
-            return self.stores.read_progress(ref)
+            return self.stores.read_progress(ref, last_word)
         except (MissingSecret, StorageError, ProgressError) as e:
             why = log_text(e) if isinstance(e, StorageError) else str(e)
             log.info("%s/%s: no progress shown: %s", ref.namespace, ref.name, why)
