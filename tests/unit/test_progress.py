@@ -383,10 +383,12 @@ def test_publishing_thread_reads_the_file_and_stops(tmp_path: Path) -> None:
         if KEY in store.objects:
             break
         stopping.wait(0.01)
-    stopping.set()
+    local.write_progress(tmp_path, local.Progress(11, 90))  # the trainer's last step
+    stopping.set()  # the kubelet stops the sidecar: the trainer has exited
     thread.join(5)
     assert not thread.is_alive()
-    assert decode(store.objects[KEY]).step == 9
+    last = decode(store.objects[KEY])
+    assert (last.step, last.final) == (11, True)  # said at once, before the drain
 
 
 def test_inactive_publisher_puts_nothing(tmp_path: Path) -> None:

@@ -162,7 +162,7 @@ def start_publishing(
 ) -> threading.Thread:
     """The publishing thread: reads the progress file every ``poll_seconds`` and publishes it
     while ``active()`` (a sidecar fenced out by a newer attempt publishes no more), until
-    ``stopping`` is set."""
+    ``stopping`` is set; then it says the last word."""
 
     def loop() -> None:
         while not stopping.wait(poll_seconds):
@@ -172,6 +172,10 @@ def start_publishing(
                 publisher.check(local.read_progress(checkpoint_dir))
             except Exception:  # the display must never end the sidecar
                 log.exception("publishing the trainer's progress failed")
+        # Stopping: the kubelet stops a native sidecar once the trainer has exited, so its last
+        # step is known now; said at once, before the drain's upload (and again after it).
+        if active():
+            publish_last(publisher, checkpoint_dir)
 
     thread = threading.Thread(target=loop, name="trainingrun-progress", daemon=True)
     thread.start()
