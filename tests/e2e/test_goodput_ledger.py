@@ -282,6 +282,15 @@ def test_three_preemptions_the_ledger_matches_the_trainer_and_survives(
         committed = trainer.resumed(attempt + 1)
         want = {"kind": kind, "lastStep": last, "committedStep": committed}
         want["stepsLost"] = last - committed
+        if kind == "notice" and not got.get("lastWord"):
+            # The ledger says it did not hear the sidecar's last word (seen 2 runs of 6 after a
+            # notice: docs/concepts.md, goodput): its last step is then the last one it saw,
+            # never more than the trainer's; its steps lost still come right from the step
+            # the next attempt resumed from, and are checked.
+            print(f"attempt {attempt} (notice): no last word; lastStep {got.get('lastStep')}")
+            if not 0 <= (got.get("lastStep") or 0) <= last:
+                problems.append(f"attempt {attempt} ({kind}): lastStep {got.get('lastStep')}")
+            want.pop("lastStep")
         for field, value in want.items():
             if got.get(field) != value:
                 problems.append(
