@@ -6,7 +6,7 @@
 #
 # Prometheus publishes its Go module as v0.MNN.P for release vM.NN.P: v0.316.0 is Prometheus
 # 3.16.0, the newest the proxy gave on 2026-11-20. PROMETHEUS_MODULE_VERSION builds another one
-# beside it. Unlike go-install-cached.sh, the release is stamped into the binary, so
+# beside it. The release is stamped into the binary (go-install-cached.sh's GO_LDFLAGS), so
 # `promtool --version` names it.
 set -euo pipefail
 module=github.com/prometheus/prometheus
@@ -28,18 +28,5 @@ pv=github.com/prometheus/common/version
 ldflags="-s -w -X $pv.Version=$release -X $pv.Branch=release-$release"
 ldflags+=" -X $pv.BuildUser=trainingrun -X $pv.BuildDate=19700101-00:00:00"
 
-export CGO_ENABLED=0 GOTOOLCHAIN=local GOFLAGS=-mod=mod
-mkdir -p "$out"
-# `go install module@version` names the binary itself: a scratch GOBIN first, and only a finished
-# binary gets the real name.
-partial="$out/.partial"
-rm -rf "$partial"
-mkdir -p "$partial"
-start=$(date +%s)
-echo "building promtool $release ($module $version)" >&2
-GOBIN="$partial" go install -trimpath -ldflags "$ldflags" "$module/cmd/promtool@$version"
-mv "$partial/promtool" "$bin.partial"
-mv "$bin.partial" "$bin"
-rm -rf "$partial"
-echo "  built promtool in $(( $(date +%s) - start ))s" >&2
-echo "$bin"
+GO_LDFLAGS="$ldflags" exec bash "$(dirname "$0")/go-install-cached.sh" promtool \
+  "$module/cmd/promtool" "$version"

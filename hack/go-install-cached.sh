@@ -2,7 +2,8 @@
 # go-install-cached.sh NAME MODULE VERSION: builds the Go command MODULE@VERSION (its binary
 # named NAME) from the Go module proxy into a cache folder outside the clone keyed by the
 # version, so a warm run returns at once. Prints the binary's path as its last line; progress
-# goes to stderr. Used by build-fake-gcs.sh and build-minio.sh, which pin the versions.
+# goes to stderr. GO_LDFLAGS replaces the default "-s -w" (to stamp a version). Used by
+# build-fake-gcs.sh, build-minio.sh and build-promtool.sh, which pin the versions.
 set -euo pipefail
 name=$1 module=$2 version=$3
 cache=${TRAININGRUN_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/trainingrun}
@@ -21,7 +22,7 @@ rm -rf "$partial"
 mkdir -p "$partial"
 start=$(date +%s)
 echo "building $name $version" >&2
-GOBIN="$partial" go install -trimpath -ldflags "-s -w" "$module@$version"
+GOBIN="$partial" go install -trimpath -ldflags "${GO_LDFLAGS:--s -w}" "$module@$version"
 mv "$partial/$name" "$bin.partial"
 mv "$bin.partial" "$bin"
 rm -rf "$partial"
