@@ -96,11 +96,11 @@ OTHER_WORK = "other work on the machine"
 HUGE, BIG, GARBAGE, STEP, NAN = "huge", "big", "garbage", "step", "nan"
 HOSTILE_KINDS = (HUGE, BIG, GARBAGE, STEP, NAN)
 HOSTILE_WORDS = {
-    HUGE: "100 MB (over the store's cap: refused unread)",
-    BIG: f"{(MAX_GET_BYTES >> 20) - 1} MiB of JSON (under the store's cap: read, then refused)",
+    HUGE: f"100 MB, over the store's {MAX_GET_BYTES >> 20} MiB cap",
+    BIG: f"{(MAX_GET_BYTES >> 20) - 1} MiB of JSON, under it",
     GARBAGE: "1 KiB of random bytes",
     STEP: "a step of 10^18",
-    NAN: "NaN, infinite and negative rates",
+    NAN: "NaN, infinite or negative rates",
 }
 HUGE_BYTES = 100_000_000
 BIG_BYTES = MAX_GET_BYTES - (1 << 20)
@@ -679,7 +679,7 @@ def refusals(lines: list[str], plan: dict[str, str]) -> tuple[dict[str, int], li
         if not found:
             continue
         run, why = found.groups()
-        why = re.sub(r"\S+://\S+ ", "", why)
+        why = re.sub(r"\S+://\S+", "the object", why)
         reasons[why] = reasons.get(why, 0) + 1
         if plan.get(run) in (None, NAN):
             others.append(run)
@@ -1095,7 +1095,10 @@ def progress_lines(args: argparse.Namespace, done: list[Measured]) -> tuple[list
         f"{args.resync_rate:g} periodic passes a second, progress read at most once a minute "
         "per run. With progress on, every run publishes a record whose step changes each "
         f"minute. At rest: {args.progress:g} s of steady state, then failures at {args.rate:g}/s; "
-        "the latency is from a pod's failure to its replacement's creation.",
+        "the latency is from a pod's failure to its replacement's creation. Load: the machine's "
+        "1-minute load average as the failures began. Peak RSS and CPU are the operator's; at "
+        "rest, a second: its CPU, its progress reads (GETs of the record, found or not) and its "
+        "status writes.",
         "",
         "| runs | progress | load | p50 | p99 | max | peak RSS | CPU per replacement "
         "| operator CPU at rest | progress reads | status writes |",
@@ -1135,19 +1138,6 @@ def progress_lines(args: argparse.Namespace, done: list[Measured]) -> tuple[list
         ok &= met
         lines.append(f"- {text}: " + ("met" if met else "NOT met"))
 
-    budget = 1000 * (os.cpu_count() or 1) / args.rate
-    lines.append(
-        "- CPU per replacement, this environment (operator, control plane, kwok, SeaweedFS, the "
-        f"benchmark) / {OTHER_WORK}: "
-        + ", ".join(
-            f"{m.runs} runs {m.variant.label() if m.variant else ''} "
-            f"{m.cpu_ms + sum(v for k, v in m.beside_ms.items() if k != OTHER_WORK):.0f} / "
-            f"{m.beside_ms.get(OTHER_WORK, math.nan):.0f} ms"
-            for m in done
-        )
-        + f", of the {budget:.0f} ms the {os.cpu_count()} cores have per replacement at "
-        f"{args.rate:g}/s"
-    )
     first = done[0].runs
     on = [m for m in done if m.variant == Variant(progress=True)]
     off = next((m for m in done if m.variant == Variant()), None)
@@ -1161,50 +1151,50 @@ def progress_lines(args: argparse.Namespace, done: list[Measured]) -> tuple[list
                 f"missing ({m.lat.missing})",
                 p99 <= 0.5 and m.lat.missing == 0,
             )
-    for m in done:
-        if m.rest is None or not m.variant or not m.variant.progress:
-            continue
-        rest = m.rest
-        target(
-            f"{m.runs} runs, {m.variant.label()}: progress reads {rest.progress_reads:.1f}/s < 20, "
-            f"status writes {rest.status_writes:.1f}/s <= one a minute per run "
-            f"({m.runs / 60:.1f}/s)",
-            rest.progress_reads < 20 and rest.status_writes <= m.runs / 60,
-        )
-        if m.shown is None or m.shown_after is None:
-            continue
-        at_rest, after = m.shown, m.shown_after
-        wrong = sorted(set(at_rest.wrong) | set(after.wrong))
-        target(
-            f"{m.runs} runs, {m.variant.label()}: statuses showing what no valid record of the "
-            f"run's own said: {len(wrong)} {', '.join(wrong[:5])}; the well-formed runs' "
-            f"progress shown after the {args.progress:g} s at rest: {at_rest.good_shown} of "
-            f"{at_rest.good}, past their first record after the replacements: "
-            f"{after.good_moved} of {after.good}",
-            not wrong and after.good_moved == after.good,
-        )
+    published = [(m, m.rest) for m in done if m.rest and m.variant and m.variant.progress]
+    target(
+        "progress reads under 20 a second, status writes at most one a minute per run: "
+        + "; ".join(
+            f"{m.runs} runs, {m.variant.label() if m.variant else ''}: "
+            f"{rest.progress_reads:.1f} and {rest.status_writes:.1f}/s "
+            f"(at most {m.runs / 60:.1f}/s)"
+            for m, rest in published
+        ),
+        all(
+            rest.progress_reads < 20 and rest.status_writes <= m.runs / 60 for m, rest in published
+        ),
+    )
+    checked = [(m, m.shown, m.shown_after) for m in done if m.shown and m.shown_after]
+    wrong = sorted({name for _, a, b in checked for name in a.wrong + b.wrong})
+    named = f" ({', '.join(wrong[:5])})" if wrong else ""
+    target(
+        f"statuses showing a figure no valid record of their own run gave: {len(wrong)}{named}; "
+        "the well-formed runs' progress past their first record after the replacements: "
+        + "; ".join(
+            f"{b.good_moved} of {b.good} ({m.runs} runs, {m.variant.label() if m.variant else ''})"
+            for m, _, b in checked
+        ),
+        not wrong and all(b.good_moved == b.good for _, _, b in checked),
+    )
     if hostile is not None and hostile.shown_after is not None:
         after = hostile.shown_after
         kinds: dict[str, int] = {}
         for kind in hostile_plan([f"{i}" for i in range(hostile.runs)], args.hostile).values():
             kinds[kind] = kinds.get(kind, 0) + 1
+        count = after.refused + after.nan
+        logged = "; ".join(f"{why}: {n}" for why, n in sorted(hostile.reasons.items()))
         lines.append(
-            f"- the hostile runs ({after.refused + after.nan} of {hostile.runs}, every "
-            f"{hostile.runs // (after.refused + after.nan)}th) published: "
-            + "; ".join(f"{HOSTILE_WORDS[k]}: {n}" for k, n in kinds.items())
+            f"- the hostile runs, {count} of {hostile.runs} (every {hostile.runs // max(count, 1)}"
+            "th), published: " + "; ".join(f"{HOSTILE_WORDS[k]}: {n}" for k, n in kinds.items())
         )
         target(
-            f"hostile records change only their run's display: the refused ones show no progress "
+            "hostile records change only their run's display: the refused ones show no progress "
             f"and no step in the goodput ledger ({after.refused} runs), the NaN-rate ones their "
-            f"step without the rates ({after.nan_shown} of {after.nan}); the operator refused no "
-            f"other run's record ({len(hostile.refused_good)})",
+            f"step without the rates ({after.nan_shown} of {after.nan}), no other run's record "
+            f"is refused ({len(hostile.refused_good)}); the operator logs one line a refused "
+            f"read: {logged or 'none'}",
             not after.wrong and not hostile.refused_good and after.nan_shown == after.nan,
         )
-        if hostile.reasons:
-            lines.append(
-                '- the operator\'s log, "no progress shown" lines by reason: '
-                + "; ".join(f"{why}: {n}" for why, n in sorted(hostile.reasons.items()))
-            )
         base = next((m for m in on if m.runs == hostile.runs), None)
         if base is not None:
             p99 = percentile(hostile.lat.all, 0.99) if hostile.lat.all else math.inf
@@ -1216,6 +1206,19 @@ def progress_lines(args: argparse.Namespace, done: list[Measured]) -> tuple[list
                 f"({hostile.lat.missing})",
                 rss <= 1.1 and cpu <= 1.2 and p99 <= 0.5 and hostile.lat.missing == 0,
             )
+    budget = 1000 * (os.cpu_count() or 1) / args.rate
+    lines.append(
+        "- CPU per replacement, this environment (operator, control plane, kwok, SeaweedFS, the "
+        f"benchmark) + {OTHER_WORK}, against the {budget:.0f} ms the {os.cpu_count()} cores have "
+        f"per replacement at {args.rate:g}/s (above it the replacements queue, whatever the "
+        "operator does): "
+        + "; ".join(
+            f"{m.runs} runs, {m.variant.label() if m.variant else ''}: "
+            f"{m.cpu_ms + sum(v for k, v in m.beside_ms.items() if k != OTHER_WORK):.0f} + "
+            f"{m.beside_ms.get(OTHER_WORK, math.nan):.0f} ms"
+            for m in done
+        )
+    )
     return lines, ok
 
 

@@ -146,7 +146,7 @@ def test_refusals_are_counted_by_reason_without_the_object() -> None:
     plan = {"r0009": HUGE, "r0019": HUGE, "r0029": GARBAGE}
     reasons, others = refusals(lines, plan)
     assert reasons == {
-        "is 100000000 bytes, over the 8388608 bytes this read takes": 2,
+        "the object is 100000000 bytes, over the 8388608 bytes this read takes": 2,
         "the progress record is not valid JSON": 2,
     }
     assert others == ["r0001"]
