@@ -40,6 +40,7 @@ from tests.benchutil import (
 # The names the benchmarks write under (tests/bench_*.py, tests/chaos, tests/e2e/test_gang.py)
 BENCHMARKS = (
     "operator",
+    "operator-progress",
     "operator-gang",
     "gang",
     "chaos",
@@ -49,6 +50,7 @@ BENCHMARKS = (
     "steptime",
     "protocol",
     "writes",
+    "realnode",
 )
 
 MiB = 1 << 20

@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 PAGE = Path("docs/benchmarks.md")
 LOG = Path("docs/dev/benchmark-log.md")
-MAX_LINES = 400
+MAX_LINES = 430  # 14 questions, one table each
 LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 NUMBER = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?")
 HEADING = re.compile(r"^(#{2,4}) (.+)$", re.MULTILINE)
