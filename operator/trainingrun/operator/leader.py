@@ -226,11 +226,12 @@ class Election:
 
 
 def identity() -> str:
-    """This process's name in the Lease: its pod's name and a random suffix of its own. Never
-    the pid: in a container it is 1 every time, and a leader's container restarted by the
-    kubelet would take its dead predecessor's name and renew the Lease as if it had led all
-    along."""
-    return f"{os.environ.get('HOSTNAME') or 'operator'}-{uuid.uuid4().hex[:10]}"
+    """This process's name in the Lease: its pod's name, its pid and a random suffix of its
+    own. The pid alone is not enough: in a container it is 1 every time, and a leader's
+    container restarted by the kubelet would take its dead predecessor's name and renew the
+    Lease as if it had led all along."""
+    host = os.environ.get("HOSTNAME") or "operator"
+    return f"{host}-{os.getpid()}-{uuid.uuid4().hex[:10]}"
 
 
 class _Alive(http.server.BaseHTTPRequestHandler):
