@@ -341,7 +341,7 @@ class Injector:
         holder = (lease.spec and lease.spec.holder_identity) or ""
         with self.lock:
             leader = next(
-                (r for r in fleet.replicas if r.proc and holder.endswith(f"-{r.proc.pid}")), None
+                (r for r in fleet.replicas if r.proc and f"-{r.proc.pid}-" in f"{holder}-"), None
             )
             if leader is None or not leader.alive():
                 return False

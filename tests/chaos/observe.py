@@ -407,6 +407,6 @@ class Observer:
             except FileNotFoundError:
                 continue
             rss = next((int(ln.split()[1]) for ln in lines if ln.startswith("VmRSS:")), 0)
-            leads = holder.endswith(f"-{pid}")
+            leads = f"-{pid}-" in f"{holder}-"  # <host>-<pid>-<suffix>
             with self.ledger.lock:
                 self.ledger.memory.append((round(self.ledger.now(), 1), pid, rss / 1024, leads))
