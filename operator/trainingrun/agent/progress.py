@@ -27,6 +27,7 @@ from trainingrun.checkpoint.progress import (
     decode,
     encode,
     rate,
+    seconds,
 )
 from trainingrun.storage.opener import Location, StorageError, Store, log_text
 
@@ -130,9 +131,7 @@ class ProgressPublisher:
             total_steps=total if total is not None and 1 <= total <= MAX_STEP else None,
             samples_per_second=rate(progress.samples_per_second),
             tokens_per_second=rate(progress.tokens_per_second),
-            save_seconds=progress.save_seconds
-            if progress.save_seconds is not None and 0 <= progress.save_seconds <= 1e9
-            else None,
+            save_seconds=seconds(progress.save_seconds),
             final=self.last_word,
         )
 

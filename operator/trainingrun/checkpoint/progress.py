@@ -90,31 +90,31 @@ def decode(data: bytes) -> ProgressRecord:
         total_steps=total,
         samples_per_second=rate(raw.get("samples_per_second")),
         tokens_per_second=rate(raw.get("tokens_per_second")),
-        save_seconds=_duration(raw.get("save_seconds")),
+        save_seconds=seconds(raw.get("save_seconds")),
         final=raw.get("final") is True,
     )
 
 
 def rate(value: Any) -> float | None:
     """A rate as shown: a finite number in (0, MAX_RATE], else none."""
+    found = _finite(value)
+    return found if found is not None and 0 < found <= MAX_RATE else None
+
+
+def seconds(value: Any) -> float | None:
+    """Seconds as shown: a finite number in [0, MAX_SECONDS], else none."""
+    found = _finite(value)
+    return found if found is not None and 0 <= found <= MAX_SECONDS else None
+
+
+def _finite(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     try:
         value = float(value)
     except OverflowError:  # an int past float's range
         return None
-    return value if math.isfinite(value) and 0 < value <= MAX_RATE else None
-
-
-def _duration(value: Any) -> float | None:
-    """Seconds as shown: a finite number in [0, MAX_SECONDS], else none."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        value = float(value)
-    except OverflowError:
-        return None
-    return value if math.isfinite(value) and 0 <= value <= MAX_SECONDS else None
+    return value if math.isfinite(value) else None
 
 
 def _int(raw: dict[str, Any], name: str, low: int, high: int) -> int:
