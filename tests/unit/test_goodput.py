@@ -549,3 +549,26 @@ def test_a_ledger_wiped_twice_under_one_operator_comes_back_twice() -> None:
         w.reconcile()
         restored = TrainingRunStatus.model_validate(w.status())
         assert restored == TrainingRunStatus.model_validate(done)
+
+
+def test_the_next_attempts_progress_shows_while_the_last_word_is_awaited() -> None:
+    """No last word comes from the ended attempt: the running one's progress still shows (the
+    demo waited for attempt 2's ETA that never came when the wait replaced the regular reads)."""
+    w = World()
+    key = w.location.key(PROGRESS_RECORD)
+    w.reconcile()
+    w.kube.nodes["n1"] = make_node("n1").build()
+    w.report(PodBuilder.of(w.pod("r1-1")).running(since=rfc3339(w.clock.now())))
+    w.bucket.commit(w.location, 30)
+    w.report(_trainer_saved_on_notice_and_exited(w, rfc3339(w.clock.now())))
+    w.reconcile()
+    w.report(PodBuilder.of(w.pod("r1-1")).phase("Failed"))  # its sidecar stopped, said nothing
+    w.clock.advance(5)
+    w.reconcile()
+    w.report(PodBuilder.of(w.pod("r1-2")).running(since=rfc3339(w.clock.now())))
+    w.clock.advance(60)
+    t = w.clock.now().timestamp()
+    w.bucket.put(key, encode(ProgressRecord(40, 2, 31, t - 20, t, total_steps=100)))
+    w.reconcile()
+
+    assert (w.status()["progress"]["attempt"], w.status()["progress"]["step"]) == (2, 40)

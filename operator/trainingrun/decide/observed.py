@@ -45,6 +45,8 @@ class Observed:
     queue: hold.Queue | None = None
     # The progress record rank 0's sidecar published, when read this pass (decide.progress).
     progress: ProgressRecord | None = None
+    # The last word a sidecar put at its end, when looked for this pass (decide.goodput).
+    last_word: ProgressRecord | None = None
     # When the run was created (its metadata.creationTimestamp): the goodput ledger's start.
     created: datetime | None = None
     # The goodput ledger read back from the run's prefix (the status has none): its figures and

@@ -78,7 +78,8 @@ def plan(obs: Observed) -> Plan:
         grace = obs.spec.preemption.termination_grace_period_seconds
         status, fit = savefit.mark(status, grace, obs.node, obs.generation, obs.now)
         events += fit
-    status = goodput.seen(goodput.restored(status, obs.ledger), obs.progress)  # display only
+    status = goodput.restored(status, obs.ledger)  # display only, as the ledger's two below
+    status = goodput.seen(goodput.seen(status, obs.last_word), obs.progress)
     p = _plan(status, obs)
     p = replace(p, status=progress.marked(p.status, obs.progress, obs.now))
     p = replace(p, status=_ledger_shown(obs.status, p.status, obs))

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from trainingrun.api import AttemptRecord, Goodput, TrainingRunSpec, TrainingRunStatus
+from trainingrun.checkpoint.progress import ProgressError, ProgressRecord
 from trainingrun.decide import goodput
 from trainingrun.decide.naming import RunRef
 from trainingrun.operator.applier import Applier
@@ -78,3 +79,14 @@ def restore_finished(stores: RunStores, applier: Applier, run: dict[str, Any], t
     if restored is not status:
         applier.write(meta["namespace"], meta["name"], run.get("status") or {}, restored)
     return tried
+
+
+def last_word(stores: RunStores, ref: RunRef) -> ProgressRecord | None:
+    """The last word a sidecar put at its end (``LAST_WORD_RECORD``): the trainer's last step of
+    the attempt that ended; display only, a failed read is logged."""
+    try:
+        return stores.read_progress(ref, last_word=True)
+    except (MissingSecret, StorageError, ProgressError) as e:
+        why = log_text(e) if isinstance(e, StorageError) else str(e)
+        log.info("%s/%s: no last word read: %s", ref.namespace, ref.name, why)
+        return None

@@ -73,6 +73,7 @@ class RunMemory:
     dirty: bool = False  # something happened during it: run one more pass after it
     checkpoint_read_at: float = float("-inf")
     progress_read_at: float = float("-inf")
+    last_word_read_at: float = float("-inf")
     ledger_tried: bool = False  # the ledger's copy was looked for in the run's prefix
 
 
@@ -181,11 +182,15 @@ class Reconciler:
         # An attempt's end reads its last record whatever the interval, and until the sidecar's
         # last word (published once it stopped, often after the attempt ended) is seen, every
         # LAST_WORD_SECONDS: the trainer's last step for the goodput ledger.
-        late = not ended and goodput.awaits_last_word(status, now)
-        every = 0.0 if ended else LAST_WORD_SECONDS if late else None
-        record = self._progress(ref, mem, (seen.read and begun) or late, every, last_word=late)
+        record = self._progress(ref, mem, seen.read and begun, 0.0 if ended else None)
+        last_word = None
+        since = self._monotonic() - mem.last_word_read_at
+        # Beside the regular reads, which go on showing the running attempt's progress.
+        if not ended and since >= LAST_WORD_SECONDS and goodput.awaits_last_word(status, now):
+            mem.last_word_read_at = self._monotonic()
+            last_word = ledgers.last_word(self.stores, ref)
         ledger, mem.ledger_tried = ledgers.look(self.stores, ref, status, mem.ledger_tried)
-        obs = replace(obs, latest=seen.latest, progress=record, ledger=ledger)
+        obs = replace(obs, latest=seen.latest, progress=record, ledger=ledger, last_word=last_word)
         p = plan(obs)  # the one plan of the pass
         again = self._apply(run, ref, obs, p, seen.seen)
         if goodput.closed(p.status) != goodput.closed(status):
@@ -295,7 +300,6 @@ class Reconciler:
         mem: RunMemory,
         refreshed: bool,
         every: float | None = None,
-        last_word: bool = False,
     ) -> ProgressRecord | None:
         """The running attempt's progress record, read along with a manifest refresh
         (``refreshed``) at most once per ``progress_refresh_seconds`` (``every``, when given:
@@ -309,7 +313,7 @@ class Reconciler:
             return None
         mem.progress_read_at = self._monotonic()
         try:
-            return self.stores.read_progress(ref, last_word)
+            return self.stores.read_progress(ref)
         except (MissingSecret, StorageError, ProgressError) as e:
             why = log_text(e) if isinstance(e, StorageError) else str(e)
             log.info("%s/%s: no progress shown: %s", ref.namespace, ref.name, why)
